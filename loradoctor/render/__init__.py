@@ -1,0 +1,1 @@
+"""Renderers: one per format (terminal via rich, JSON, Markdown). Findings look the same in every command."""

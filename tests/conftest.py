@@ -1,0 +1,49 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+def _has_cuda_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+            capture_output=True, timeout=60,
+        )
+    except Exception:
+        return False
+    return out.returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _has_cuda_gpu():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU and a CUDA build of torch")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+def run_cli(*args: str, input: str = None, env: dict = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `python -m loradoctor ...` in a child, as a user would."""
+    full_env = dict(os.environ)
+    full_env.setdefault("NO_COLOR", "1")
+    full_env["COLUMNS"] = "200"
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "loradoctor", *args],
+        input=input, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(ROOT),
+    )
