@@ -17,11 +17,13 @@ app = typer.Typer(
     name="loradoctor",
     help=(
         "The offline doctor for LoRA / QLoRA fine-tuning.\n\n"
-        "  loradoctor env                 check this machine (driver, CUDA, torch, bf16, flash-attn, bnb, GPU memory)\n\n"
-        "  loradoctor explain crash.log   name the root cause of a crash, with evidence and fixes\n\n"
-        "  loradoctor estimate --model meta-llama/Llama-3.1-8B --method qlora --gpu 'RTX 5090'\n\n"
-        "  loradoctor preflight ...       env checks + estimate against this GPU; put it before python train.py\n\n"
-        "  loradoctor repro run bf16      confirm a diagnosis with a small GPU test\n\n"
+        "\b\n"
+        "  loradoctor env                  check this machine: driver, CUDA, torch build, bf16,\n"
+        "                                  flash-attn, bitsandbytes, GPU memory held by others\n"
+        "  loradoctor explain crash.log    name the root cause of a crash, with evidence and fixes\n"
+        "  loradoctor estimate --model meta-llama/Llama-3.1-8B --method qlora --gpu 'RTX 5090'\n"
+        "  loradoctor preflight ...        env checks + estimate on this GPU; put it before train.py\n"
+        "  loradoctor repro run bf16       confirm a diagnosis with a small GPU test\n\n"
         "Nothing here uses the network. Exit codes: 0 ok, 1 problems found, 2 bad usage or unreadable input."
     ),
     no_args_is_help=True,
