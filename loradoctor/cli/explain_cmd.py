@@ -1,7 +1,306 @@
-"""Placeholder: this command family is being built (see the open issues)."""
+"""`loradoctor explain` and `loradoctor rules`: parse options, call the log engine, render.
+
+The engine (loradoctor.logs) and rich are imported inside the command functions so that
+`loradoctor --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional
 
 import typer
 
+from loradoctor.errors import UserError
+
+FORMATS = ("text", "json", "md")
+# Progress on stderr only for inputs this big (and only on a TTY): smaller ones finish in seconds.
+PROGRESS_MIN_BYTES = 50 * 1000 * 1000
+
+EXPLAIN_HELP = """Name the root cause of a failed LoRA / QLoRA run from its logs.
+
+Reads plain, .gz, .bz2 and .xz logs, folders of rank logs, or - for stdin; prints the most
+likely cause first with the lines it rests on, the numbers, fixes in order, and the GPU test
+that confirms it. Nothing is sent anywhere.
+
+\b
+Examples:
+  loradoctor explain train.log
+  python train.py 2>&1 | tee run.log; loradoctor explain run.log --env live
+  loradoctor explain logs/rank*.log --format md > issue.md
+  kubectl logs job/finetune | loradoctor explain - --format json
+
+Exit codes: 0 a diagnosis was made, 1 nothing recognised, 2 bad usage or unreadable input.
+"""
+
+RULES_HELP = """The rule library behind `loradoctor explain` (YAML under rules/, see docs/rules.md).
+
+\b
+Examples:
+  loradoctor rules list
+  loradoctor rules show oom-fragmentation
+  loradoctor rules lint my-rules/
+"""
+
+RULES_LIST_HELP = """List the rules: id, cause, severity, title.
+
+\b
+Examples:
+  loradoctor rules list
+  loradoctor rules list --format json | jq -r '.[].cause' | sort -u
+  loradoctor rules list --rules my-rules/
+"""
+
+RULES_SHOW_HELP = """Print one rule's documentation: what it means, its patterns and conditions, fixes, repro.
+
+\b
+Examples:
+  loradoctor rules show oom-fragmentation
+  loradoctor rules show my-rule --rules my-rules/
+"""
+
+RULES_LINT_HELP = """Check a rule folder against the schema: ids, causes, regexes, conditions, repro ids.
+
+Prints each problem with its file; exit 1 if there are any, 2 if the folder does not exist.
+
+\b
+Examples:
+  loradoctor rules lint               (the built-in rules)
+  loradoctor rules lint my-rules/
+"""
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    """Add `explain` and the `rules` group to the root app."""
+    app.command("explain", help=EXPLAIN_HELP, no_args_is_help=True)(explain)
+    rules_app = typer.Typer(
+        name="rules", help=RULES_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None
+    )
+    rules_app.command("list", help=RULES_LIST_HELP)(rules_list)
+    rules_app.command("show", help=RULES_SHOW_HELP, no_args_is_help=True)(rules_show)
+    rules_app.command("lint", help=RULES_LINT_HELP)(rules_lint)
+    app.add_typer(rules_app, name="rules")
+
+
+# ---------------------------------------------------------------------------- explain
+
+
+def explain(
+    paths: List[str] = typer.Argument(..., metavar="FILE...", help="Log files, folders of logs, or - for stdin."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text | json | md"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every finding in full."),
+    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Add a folder of your own rules (repeatable)."),
+    env: Optional[str] = typer.Option(
+        None, "--env", metavar="SNAPSHOT.json|live",
+        help="Machine facts: a saved `loradoctor env --format json` file, or 'live' to check this machine now.",
+    ),
+    top: Optional[int] = typer.Option(None, "--top", min=1, metavar="N", help="Show only the N best findings."),
+) -> None:
+    fmt = _check_format(fmt, FORMATS)
+    rule_dirs = [_check_rule_dir(d, "--rules") for d in rules]
+    snapshot = load_env_snapshot(env) if env else None
+
+    from loradoctor.logs.engine import explain as run_explain
+    from loradoctor.render import explain_view
+
+    progress = make_progress(paths)
+    try:
+        report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        # The reader should raise UserError itself; this keeps a traceback away from the user if not.
+        raise UserError(f"cannot read {exc.filename or exc}: {exc.strerror or exc}") from None
+    finally:
+        if progress is not None:
+            progress.close()
+
+    if fmt == "json":
+        _echo(explain_view.explain_json(report, top))
+    elif fmt == "md":
+        _echo(explain_view.explain_md(report, top))
+    else:
+        from loradoctor.render.terminal import console
+
+        explain_view.print_explain(console(), report, verbose=verbose, top=top)
+    raise typer.Exit(0 if explain_view.diagnoses(report.findings) else 1)
+
+
+def load_env_snapshot(spec: str) -> dict[str, Any]:
+    """`--env FILE|live` -> the snapshot dict (docs/snapshot.md). Raises UserError on bad input."""
+    if spec == "live":
+        try:
+            from loradoctor.env import collect_snapshot  # type: ignore[attr-defined]
+        except ImportError:
+            raise UserError(
+                "--env live is not available in this build (no loradoctor.env.collect_snapshot); "
+                "save one with `loradoctor env --format json > env.json` and pass --env env.json"
+            ) from None
+        snapshot = collect_snapshot(quick=True)
+        return snapshot.to_dict() if hasattr(snapshot, "to_dict") else dict(snapshot)
+    path = Path(spec)
+    if not path.is_file():
+        raise UserError(f"--env {spec}: no such file (give a `loradoctor env --format json` file, or 'live')")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"--env {spec}: not a JSON snapshot ({_one_line(exc)})") from None
+    # `loradoctor env --format json` wraps the snapshot; a bare snapshot is accepted too.
+    if isinstance(data, dict) and isinstance(data.get("snapshot"), dict):
+        data = data["snapshot"]
+    if not isinstance(data, dict) or not any(k in data for k in ("schema", "system", "nvidia", "torch")):
+        raise UserError(
+            f"--env {spec}: not a loradoctor snapshot (expected the output of `loradoctor env --format json`)"
+        )
+    return data
+
+
+class _StderrProgress:
+    """A one-line progress meter on stderr, redrawn at most a few times a second."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self._last_draw_s = 0.0
+        self._drawn = False
+
+    def __call__(self, done_bytes: Any = None, total_bytes: Any = None, *args: Any, **kwargs: Any) -> None:
+        # Accept (done, total), (done,) or keywords: the meter must never break a diagnosis.
+        done = kwargs.get("done_bytes", done_bytes)
+        total = kwargs.get("total_bytes", total_bytes) or self.total_bytes
+        if not isinstance(done, (int, float)) or not total:
+            return
+        now = time.monotonic()
+        if now - self._last_draw_s < 0.2 and done < total:
+            return
+        self._last_draw_s = now
+        from loradoctor.units import format_bytes
+
+        pct = min(100.0, 100.0 * done / total)
+        sys.stderr.write(f"\rreading logs: {pct:5.1f}% ({format_bytes(done)} of {format_bytes(total)})")
+        sys.stderr.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def make_progress(paths: List[str]) -> Optional[_StderrProgress]:
+    """A progress callback for big inputs on a terminal; None otherwise (pipes stay clean)."""
+    if not sys.stderr.isatty():
+        return None
+    total = sum(_size_on_disk(p) for p in paths)
+    return _StderrProgress(total) if total >= PROGRESS_MIN_BYTES else None
+
+
+def _size_on_disk(path: str) -> int:
+    if path == "-":
+        return 0
+    try:
+        if os.path.isdir(path):
+            return sum(
+                os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names
+            )
+        return os.path.getsize(path)
+    except OSError:
+        return 0  # the reader reports unreadable input properly
+
+
+# ---------------------------------------------------------------------------- rules
+
+
+def rules_list(
+    fmt: str = typer.Option("text", "--format", "-f", help="text | json"),
+    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Also list a folder of your own rules."),
+) -> None:
+    fmt = _check_format(fmt, ("text", "json"))
+    from loradoctor.render import explain_view
+
+    loaded = _load_rules(rules)
+    if fmt == "json":
+        from loradoctor.render.json import dumps
+
+        _echo(dumps([explain_view.rule_summary(r) for r in loaded]))
+    else:
+        _echo(explain_view.rules_table(loaded))
+
+
+def rules_show(
+    rule_id: str = typer.Argument(..., metavar="ID", help="A rule id from `loradoctor rules list`."),
+    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Also search a folder of your own rules."),
+) -> None:
+    from loradoctor.render import explain_view
+
+    loaded = _load_rules(rules)
+    by_id = {r.id: r for r in loaded}
+    if rule_id not in by_id:
+        import difflib
+
+        close = difflib.get_close_matches(rule_id, list(by_id), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `loradoctor rules list` shows them all"
+        raise UserError(f"no rule with id {rule_id!r}{hint}")
+    _echo(explain_view.rule_doc(by_id[rule_id]), end="")
+
+
+def rules_lint(
+    folder: Optional[Path] = typer.Argument(None, metavar="[DIR]", help="A rule folder (default: the built-in rules)."),
+) -> None:
+    from loradoctor.logs import rules as rules_mod
+
+    target = Path(rules_mod.builtin_rules_dir()) if folder is None else _check_rule_dir(folder, "rules lint")
+    problems = rules_mod.lint_rules(target)
+    if problems:
+        for p in problems:
+            _echo(str(p))
+        _echo(f"{len(problems)} problem(s) in {target}", err=True)
+        raise typer.Exit(1)
+    _echo(f"{_count_rules(target)} rules OK ({target})")
+
+
+def _load_rules(extra: List[Path]) -> list:
+    from loradoctor.logs.rules import load_rules
+
+    dirs = [_check_rule_dir(d, "--rules") for d in extra]
+    return list(load_rules(extra_dirs=dirs))
+
+
+def _count_rules(folder: Path) -> int:
+    """Rules defined in a folder that lint passed (so every file parses)."""
+    import yaml
+
+    count = 0
+    for path in sorted(folder.glob("*.y*ml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        count += len(data.get("rules") or []) if isinstance(data, dict) else 0
+    return count
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _check_format(fmt: str, allowed: tuple) -> str:
+    value = fmt.strip().lower()
+    if value not in allowed:
+        raise UserError(f"--format {fmt!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def _check_rule_dir(path: Path, option: str) -> str:
+    if not path.exists():
+        raise UserError(f"{option} {path}: no such folder")
+    if not path.is_dir():
+        raise UserError(f"{option} {path}: not a folder (give the folder that holds your rule .yaml files)")
+    return str(path)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _echo(text: str, err: bool = False, end: str = "\n") -> None:
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + end)
+    stream.flush()
