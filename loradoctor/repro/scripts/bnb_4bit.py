@@ -1,0 +1,136 @@
+"""Repro bnb-4bit: does a bitsandbytes NF4 Linear4bit run forward and backward on this GPU?
+
+PASS: the layer quantizes on the GPU, its output matches x @ dequantized(W).T, and the gradient
+reaches the input (what a QLoRA adapter needs). FAIL: bitsandbytes cannot load its native library
+(CUDA version mismatch, missing libcudart), or the call raises, or the numbers are wrong.
+SKIP: no CUDA GPU, or bitsandbytes is not installed.
+"""
+
+# --- the same small harness heads every repro script, so each one runs on its own: -----------
+#     python SCRIPT.py ['{"option": value}']   -> one JSON line, schema loradoctor.repro/1
+import json
+import os
+import sys
+import time
+import traceback
+
+T0 = time.monotonic()
+RID = os.path.basename(__file__)[:-3].replace("_", "-")
+OPTIONS = json.loads(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].strip() else {}
+
+
+def emit(status, summary, evidence=(), numbers=None):
+    """Print the result line and exit 0 (the status is in the JSON, not the exit code)."""
+    torch_mod = sys.modules.get("torch")
+    print(json.dumps({
+        "schema": "loradoctor.repro/1", "id": RID, "status": status, "summary": summary,
+        "evidence": [str(e) for e in evidence], "numbers": numbers or {},
+        "duration_s": round(time.monotonic() - T0, 3), "python": sys.version.split()[0],
+        "torch": getattr(torch_mod, "__version__", None),
+    }, default=str), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a poisoned CUDA context can hang or crash there
+
+
+def opt_bool(name, default):
+    value = OPTIONS.get(name, default)
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def exc_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def import_torch():
+    """torch, or SKIP when it is not installed, or FAIL when it is installed but broken."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
+    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+        emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
+    return torch
+
+
+def need_cuda(torch):
+    """SKIP unless torch sees a CUDA GPU; the reason names the torch build."""
+    if getattr(torch.version, "cuda", None) is None:
+        emit("SKIP", f"needs a CUDA GPU: torch {torch.__version__} is a CPU-only build "
+                     "(loradoctor repro run cuda-init tells whether a GPU is there)")
+    if not torch.cuda.is_available():
+        emit("SKIP", "needs a CUDA GPU: torch sees none (CUDA_VISIBLE_DEVICES="
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}; loradoctor repro run cuda-init says why)")
+    return torch.device("cuda", 0)
+
+
+def run_main(main):
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # a bug or an unexpected library error: say so, with the traceback tail
+        emit("ERROR", f"the repro could not complete: {exc_line(exc)}", traceback.format_exc().splitlines()[-10:])
+    emit("ERROR", "the repro ended without a verdict")
+# --- end of harness ---------------------------------------------------------------------------
+
+
+def import_bnb(numbers):
+    import io
+    import contextlib
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            import bitsandbytes as bnb
+    except ModuleNotFoundError as exc:
+        if "bitsandbytes" in str(exc):
+            emit("SKIP", "bitsandbytes is not installed (needed only for QLoRA / 8-bit optimizers)", [exc_line(exc)], numbers)
+        raise
+    except Exception as exc:
+        emit("FAIL", f"bitsandbytes cannot be imported: {exc_line(exc)}",
+             [line for line in captured.getvalue().splitlines() if line.strip()][-6:], numbers)
+    numbers["bitsandbytes"] = getattr(bnb, "__version__", None)
+    return bnb, [line for line in captured.getvalue().splitlines() if line.strip()][-6:]
+
+
+def main():
+    torch = import_torch()
+    device = need_cuda(torch)
+    major, minor = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    numbers = {"gpu": name, "compute_capability": f"{major}.{minor}"}
+    bnb, import_noise = import_bnb(numbers)
+    compute_dtype = torch.bfloat16 if major >= 8 else torch.float16
+    numbers["compute_dtype"] = str(compute_dtype).replace("torch.", "")
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weight = (torch.randn(256, 256, generator=gen) * 0.05).to(torch.float16)
+        layer = bnb.nn.Linear4bit(256, 256, bias=False, compute_dtype=compute_dtype, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4")
+        layer = layer.to(device)  # quantizes here
+        x = torch.randn(8, 256, generator=gen).to(device, compute_dtype).requires_grad_(True)
+        y = layer(x)
+        y.float().sum().backward()
+        torch.cuda.synchronize(device)
+        deq = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state).to(compute_dtype)
+        ref = (x.detach() @ deq.t()).float()
+        out_err = ((y.detach().float() - ref).norm() / ref.norm()).item()
+        quant_err = ((deq.float().cpu() - weight.float()).norm() / weight.float().norm()).item()
+        numbers.update({"output_rel_error": out_err, "nf4_weight_rel_error": quant_err,
+                        "weight_bytes": layer.weight.data.numel() * layer.weight.data.element_size()})
+        grad_ok = x.grad is not None and torch.isfinite(x.grad).all().item() and x.grad.abs().sum().item() > 0
+    except Exception as exc:
+        emit("FAIL", f"bitsandbytes 4-bit layer failed: {exc_line(exc)}",
+             import_noise + traceback.format_exc().splitlines()[-4:], numbers)
+    if not grad_ok:
+        emit("FAIL", "the 4-bit layer's backward gave no finite gradient to its input", import_noise, numbers)
+    if not out_err < 0.02:
+        emit("FAIL", f"4-bit layer output differs from x @ dequantized(W).T by {out_err:.3g}", import_noise, numbers)
+    if not quant_err < 0.2:
+        emit("FAIL", f"NF4 round trip of the weight is off by {quant_err:.3g} (expected about 0.1)", import_noise, numbers)
+    emit("PASS", f"bitsandbytes {numbers['bitsandbytes']} NF4 forward+backward works on {name} "
+                 f"(output error {out_err:.2g}, NF4 weight error {quant_err:.2g})", import_noise, numbers)
+
+
+run_main(main)

@@ -1,0 +1,158 @@
+"""Repro cuda-init: can this torch create a CUDA context and compute correctly on each GPU?
+
+PASS: every visible GPU creates a context and a seeded 256x256 fp32 a @ b matches the CPU.
+FAIL: an NVIDIA GPU is present but torch cannot use it (CPU-only build, driver too old, no kernel
+image for this architecture, CUDA unknown error), or the product is wrong.
+SKIP: no NVIDIA GPU or driver on this machine (nothing to check).
+"""
+
+# --- the same small harness heads every repro script, so each one runs on its own: -----------
+#     python SCRIPT.py ['{"option": value}']   -> one JSON line, schema loradoctor.repro/1
+import json
+import os
+import sys
+import time
+import traceback
+
+T0 = time.monotonic()
+RID = os.path.basename(__file__)[:-3].replace("_", "-")
+OPTIONS = json.loads(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].strip() else {}
+
+
+def emit(status, summary, evidence=(), numbers=None):
+    """Print the result line and exit 0 (the status is in the JSON, not the exit code)."""
+    torch_mod = sys.modules.get("torch")
+    print(json.dumps({
+        "schema": "loradoctor.repro/1", "id": RID, "status": status, "summary": summary,
+        "evidence": [str(e) for e in evidence], "numbers": numbers or {},
+        "duration_s": round(time.monotonic() - T0, 3), "python": sys.version.split()[0],
+        "torch": getattr(torch_mod, "__version__", None),
+    }, default=str), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a poisoned CUDA context can hang or crash there
+
+
+def opt_bool(name, default):
+    value = OPTIONS.get(name, default)
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def exc_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def import_torch():
+    """torch, or SKIP when it is not installed, or FAIL when it is installed but broken."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
+    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+        emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
+    return torch
+
+
+def need_cuda(torch):
+    """SKIP unless torch sees a CUDA GPU; the reason names the torch build."""
+    if getattr(torch.version, "cuda", None) is None:
+        emit("SKIP", f"needs a CUDA GPU: torch {torch.__version__} is a CPU-only build "
+                     "(loradoctor repro run cuda-init tells whether a GPU is there)")
+    if not torch.cuda.is_available():
+        emit("SKIP", "needs a CUDA GPU: torch sees none (CUDA_VISIBLE_DEVICES="
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}; loradoctor repro run cuda-init says why)")
+    return torch.device("cuda", 0)
+
+
+def run_main(main):
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # a bug or an unexpected library error: say so, with the traceback tail
+        emit("ERROR", f"the repro could not complete: {exc_line(exc)}", traceback.format_exc().splitlines()[-10:])
+    emit("ERROR", "the repro ended without a verdict")
+# --- end of harness ---------------------------------------------------------------------------
+
+
+def nvidia_gpu_present():
+    """(present, how we know) without torch: NVML first, then the driver's files."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            driver = driver.decode() if isinstance(driver, bytes) else driver
+        finally:
+            pynvml.nvmlShutdown()
+        return count > 0, f"NVML: {count} GPU(s), driver {driver}"
+    except Exception:
+        pass
+    if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl"):
+        return True, "the NVIDIA kernel driver is loaded (/proc/driver/nvidia or /dev/nvidiactl)"
+    return False, "no NVML and no NVIDIA kernel driver"
+
+
+def main():
+    import warnings
+
+    torch = import_torch()
+    present, how = nvidia_gpu_present()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    warned = [str(w.message).splitlines()[0] for w in caught]
+    numbers = {"torch_cuda": torch.version.cuda, "gpu_present": present}
+    if not available:
+        if not present:
+            emit("SKIP", f"no NVIDIA GPU on this machine ({how})", warned, numbers)
+        if torch.version.cuda is None:
+            emit("FAIL", f"an NVIDIA GPU is here but torch {torch.__version__} is a CPU-only build; "
+                         "install a CUDA wheel (pip install torch --index-url https://download.pytorch.org/whl/cu124 or newer)",
+                 [how] + warned, numbers)
+        reason = []
+        try:
+            torch.cuda.init()
+        except Exception as exc:
+            reason.append(exc_line(exc))
+        emit("FAIL", "an NVIDIA GPU is here but torch cannot initialise CUDA", [how] + warned + reason, numbers)
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # compare full fp32 with full fp32
+    count = torch.cuda.device_count()
+    arch_list = torch.cuda.get_arch_list()
+    numbers.update({"device_count": count, "arch_list": arch_list, "devices": []})
+    evidence, failures = list(warned), []
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(256, 256, generator=gen)
+    b = torch.randn(256, 256, generator=gen)
+    expected = a @ b
+    for index in range(count):
+        name = torch.cuda.get_device_name(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        entry = {"index": index, "name": name, "compute_capability": f"{major}.{minor}"}
+        sm = f"sm_{major}{minor}"
+        # a GPU newer than every compiled arch runs only through PTX JIT (slow first call) or not at all
+        if arch_list and sm not in arch_list and not any(x.startswith("compute_") for x in arch_list):
+            evidence.append(f"GPU {index} {name} is {sm}; this torch was built for {' '.join(arch_list)}")
+        try:
+            t0 = time.monotonic()
+            device = torch.device("cuda", index)
+            torch.zeros(1, device=device)
+            torch.cuda.synchronize(device)
+            entry["context_s"] = round(time.monotonic() - t0, 3)
+            got = (a.to(device) @ b.to(device)).cpu()
+            err = ((got - expected).abs().max() / expected.abs().max()).item()
+            entry["max_rel_error"] = err
+            if not (err < 1e-4):
+                failures.append(f"GPU {index} {name}: a @ b differs from the CPU (max relative error {err:.3g})")
+        except Exception as exc:
+            failures.append(f"GPU {index} {name} ({sm}): {exc_line(exc)}")
+        numbers["devices"].append(entry)
+    if failures:
+        emit("FAIL", failures[0], failures + evidence, numbers)
+    names = ", ".join(d["name"] for d in numbers["devices"])
+    emit("PASS", f"CUDA works on {count} GPU(s) ({names}); a @ b matches the CPU", evidence, numbers)
+
+
+run_main(main)

@@ -1,0 +1,156 @@
+"""Repro sdpa-backends: which scaled_dot_product_attention backends actually run here?
+
+Each backend (flash, mem-efficient, math, cudnn) is forced alone with torch.nn.attention.sdpa_kernel
+(older torch: torch.backends.cuda.sdp_kernel) on tiny causal inputs, forward and backward, and
+compared with math. Options: dtype (bf16 | fp16 | fp32), head_dim (default 128).
+PASS: math and at least one fused backend (flash or mem-efficient) run and agree.
+FAIL: no fused backend runs (attention falls back to math: memory grows with seq_len squared),
+or math itself fails, or a backend disagrees with math. SKIP: no CUDA GPU.
+"""
+
+# --- the same small harness heads every repro script, so each one runs on its own: -----------
+#     python SCRIPT.py ['{"option": value}']   -> one JSON line, schema loradoctor.repro/1
+import json
+import os
+import sys
+import time
+import traceback
+
+T0 = time.monotonic()
+RID = os.path.basename(__file__)[:-3].replace("_", "-")
+OPTIONS = json.loads(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].strip() else {}
+
+
+def emit(status, summary, evidence=(), numbers=None):
+    """Print the result line and exit 0 (the status is in the JSON, not the exit code)."""
+    torch_mod = sys.modules.get("torch")
+    print(json.dumps({
+        "schema": "loradoctor.repro/1", "id": RID, "status": status, "summary": summary,
+        "evidence": [str(e) for e in evidence], "numbers": numbers or {},
+        "duration_s": round(time.monotonic() - T0, 3), "python": sys.version.split()[0],
+        "torch": getattr(torch_mod, "__version__", None),
+    }, default=str), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: a poisoned CUDA context can hang or crash there
+
+
+def opt_bool(name, default):
+    value = OPTIONS.get(name, default)
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def exc_line(exc):
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def import_torch():
+    """torch, or SKIP when it is not installed, or FAIL when it is installed but broken."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
+    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+        emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
+    return torch
+
+
+def need_cuda(torch):
+    """SKIP unless torch sees a CUDA GPU; the reason names the torch build."""
+    if getattr(torch.version, "cuda", None) is None:
+        emit("SKIP", f"needs a CUDA GPU: torch {torch.__version__} is a CPU-only build "
+                     "(loradoctor repro run cuda-init tells whether a GPU is there)")
+    if not torch.cuda.is_available():
+        emit("SKIP", "needs a CUDA GPU: torch sees none (CUDA_VISIBLE_DEVICES="
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}; loradoctor repro run cuda-init says why)")
+    return torch.device("cuda", 0)
+
+
+def run_main(main):
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # a bug or an unexpected library error: say so, with the traceback tail
+        emit("ERROR", f"the repro could not complete: {exc_line(exc)}", traceback.format_exc().splitlines()[-10:])
+    emit("ERROR", "the repro ended without a verdict")
+# --- end of harness ---------------------------------------------------------------------------
+
+
+import contextlib
+import warnings
+
+
+def backend_context(torch, name):
+    """A context manager that allows only this backend, or None when this torch cannot force it."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        member = {"flash": "FLASH_ATTENTION", "mem_efficient": "EFFICIENT_ATTENTION",
+                  "math": "MATH", "cudnn": "CUDNN_ATTENTION"}[name]
+        if not hasattr(SDPBackend, member):
+            return None
+        return sdpa_kernel(getattr(SDPBackend, member))
+    except ImportError:
+        pass
+    if name == "cudnn":
+        return None
+    flags = {"enable_flash": name == "flash", "enable_mem_efficient": name == "mem_efficient", "enable_math": name == "math"}
+    return torch.backends.cuda.sdp_kernel(**flags)
+
+
+def main():
+    torch = import_torch()
+    device = need_cuda(torch)
+    major, minor = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    dtype_name = str(OPTIONS.get("dtype") or ("bf16" if major >= 8 else "fp16")).lower()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype_name)
+    if dtype is None:
+        emit("ERROR", f"unknown dtype {dtype_name!r}; use bf16, fp16 or fp32")
+    head_dim = int(OPTIONS.get("head_dim") or 128)
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, 4, 128, head_dim, generator=gen) for _ in range(3)]
+    numbers = {"gpu": name, "compute_capability": f"{major}.{minor}", "dtype": dtype_name, "head_dim": head_dim,
+               "backends": {}}
+    evidence, outputs = [], {}
+    for backend in ("math", "flash", "mem_efficient", "cudnn"):
+        ctx = backend_context(torch, backend)
+        if ctx is None:
+            numbers["backends"][backend] = "not in this torch"
+            continue
+        q, k, v = (t.to(device, dtype).requires_grad_(True) for t in base)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with ctx:
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    out.float().sum().backward()
+                torch.cuda.synchronize(device)
+                outputs[backend] = out.detach().float()
+                numbers["backends"][backend] = "runs"
+            except Exception as exc:
+                numbers["backends"][backend] = "fails"
+                # torch explains why a backend was rejected in warnings ("Flash attention requires ...")
+                reasons = [str(w.message).splitlines()[0] for w in caught][:3]
+                evidence.append(f"{backend}: {exc_line(exc)}" + (f" ({'; '.join(reasons)})" if reasons else ""))
+    problems = []
+    if "math" not in outputs:
+        problems.append("the math SDPA backend itself fails: attention cannot run in this setup")
+    else:
+        tol = 3e-2 if dtype == torch.bfloat16 else (1e-2 if dtype == torch.float16 else 1e-4)
+        for backend, out in outputs.items():
+            err = (out - outputs["math"]).abs().max().item()
+            numbers[f"max_abs_error_{backend}"] = err
+            if not err < tol:
+                problems.append(f"SDPA {backend} differs from math by {err:.3g} (tolerance {tol})")
+    fused = [b for b in ("flash", "mem_efficient", "cudnn") if b in outputs]
+    if "math" in outputs and not [b for b in ("flash", "mem_efficient") if b in outputs]:
+        problems.insert(0, f"no fused SDPA backend runs in {dtype_name} with head dim {head_dim}: attention falls back "
+                           "to math, whose memory grows with seq_len squared")
+    runs = ", ".join(b for b, state in numbers["backends"].items() if state == "runs") or "none"
+    if problems:
+        emit("FAIL", problems[0], problems + evidence, numbers)
+    emit("PASS", f"SDPA backends that run on {name} ({dtype_name}, head dim {head_dim}): {runs}", evidence, numbers)
+
+
+run_main(main)
