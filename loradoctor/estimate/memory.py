@@ -1,0 +1,528 @@
+"""The memory model: a LoRA / QLoRA / full fine-tuning configuration -> peak GPU memory, one term per component.
+
+Pure: no I/O, no torch. Every term is in bytes and says what it is. The model follows what each
+framework keeps alive at the peak of a training step (the start of backward, or the optimizer step
+for full fine-tuning):
+
+* frozen base weights (bf16/fp16/fp32, LLM.int8, NF4/FP4 with their exact quantization state);
+* trainable parameters (LoRA A/B from the real module shapes, modules_to_save copies), their
+  gradients and optimizer states (fp32 adapters as PEFT keeps them, bf16 in pure-bf16 frameworks);
+* saved activations per layer: every Linear saves its input (frozen or not), RMSNorm saves an fp32
+  upcast of its input, SwiGLU saves gate/up/act, attention saves q/k/v/out (+ the s x s
+  probabilities in eager mode), LoRA saves its dropout mask, the dropped-out input and the
+  low-rank intermediate; with gradient checkpointing one hidden state per layer + one layer
+  recomputed;
+* logits and the cross-entropy peak (HF upcasts logits to fp32 -> about 12 bytes per logit);
+* library workspaces; the caching allocator's reserved-over-allocated slack; the CUDA context.
+
+Three numbers come out: peak allocated (torch.cuda.max_memory_allocated), peak reserved
+(max_memory_reserved) and device memory in use (what nvidia-smi shows), plus a low/high band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Optional
+
+from loradoctor.errors import UserError
+from loradoctor.estimate.arch import CANONICAL_MODULES, Arch, normalize_module
+
+MIB = 1 << 20
+
+METHODS = ("full", "lora", "qlora")
+QUANTS = ("none", "8bit", "nf4", "fp4")
+ATTNS = ("eager", "sdpa", "flash_attention_2")
+PRECISIONS = ("bf16", "fp16", "fp32", "bf16-true", "fp16-true")
+FRAMEWORKS = ("hf", "litgpt", "torchtune")
+# optimizer -> (bytes of state per trainable parameter given the parameter's own bytes, paged?)
+OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
+    "adamw_bnb_32bit", "adafactor", "sgd", "lion_8bit", "paged_lion_8bit",
+)
+OPTIM_ALIASES = {
+    "adamw": "adamw_torch", "adam": "adamw_torch", "torch.optim.adamw": "adamw_torch", "adamw_torch_4bit": "adamw_8bit",
+    "adamw_bnb_8bit": "adamw_8bit", "bnb_adamw_8bit": "adamw_8bit", "adamw8bit": "adamw_8bit",
+    "paged_adamw": "paged_adamw_32bit", "pagedadamw": "paged_adamw_32bit", "pagedadamw8bit": "paged_adamw_8bit",
+    "paged_adamw_32": "paged_adamw_32bit", "adamw_apex_fused": "adamw_torch_fused",
+}
+
+CUDA_CONTEXT_BYTES = 500 * MIB  # driver context + kernels loaded lazily (CUDA >= 11.7); 300-800 MiB by GPU/driver
+WORKSPACE_BYTES = 64 * MIB  # cuBLAS / cuBLASLt workspaces and attention scratch, held in the caching allocator
+NF4_BLOCK = 64  # bitsandbytes 4-bit blocksize (absmax per 64 weights)
+DQ_BLOCK = 256  # double quantization: one fp32 absmax per 256 first-level blocks
+
+
+@dataclass(frozen=True)
+class EstimateInputs:
+    """Everything the memory model needs. Public: the repro engineer's `measure` builds runs from it.
+
+    precision: bf16 / fp16 = mixed precision (autocast; HF keeps LoRA params fp32, full fine-tuning keeps
+    fp32 master weights); bf16-true / fp16-true = everything in half precision (litgpt bf16-true,
+    torchtune); fp32 = no autocast. framework: hf (transformers + peft + Trainer), litgpt, torchtune.
+    """
+
+    arch: Arch
+    method: str = "lora"
+    quant: str = "none"
+    double_quant: bool = False
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    modules_to_save: tuple[str, ...] = ()
+    batch: int = 1
+    seq_len: int = 2048
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
+    attn: str = "sdpa"
+    optim: str = "adamw_torch"
+    precision: str = "bf16"
+    framework: str = "hf"
+    torch_compile: bool = False
+    chunked_ce: Optional[bool] = None  # None: the framework's default (litgpt chunks, hf/torchtune do not)
+    activation_offloading: bool = False
+    optimizer_in_backward: bool = False
+    upcast_non_quantized: Optional[bool] = None  # None: hf k-bit training upcasts non-quantized params to fp32
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["arch"] = self.arch.to_dict()
+        data["targets"] = list(self.targets)
+        data["modules_to_save"] = list(self.modules_to_save)
+        return data
+
+
+@dataclass
+class Estimate:
+    """The breakdown (component -> bytes, ordered) and the three predicted numbers with a band."""
+
+    inputs: EstimateInputs
+    components: dict[str, int]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_used_bytes: int
+    band: tuple[int, int]  # low/high of device_used_bytes
+    trainable_params: int
+    total_params: int
+    notes: list[str] = field(default_factory=list)
+
+    def metric(self, name: str) -> int:
+        """'allocated' | 'reserved' | 'device' -> bytes."""
+        return {"allocated": self.peak_allocated_bytes, "reserved": self.peak_reserved_bytes,
+                "device": self.device_used_bytes}[name]
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def normalize_optim(name: str) -> str:
+    key = name.strip().lower().replace("-", "_")
+    key = OPTIM_ALIASES.get(key, key)
+    if key not in OPTIMIZERS:
+        raise UserError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
+    return key
+
+
+def resolve_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """Canonical target names for this architecture; 'all-linear' = every linear in the layers (not lm_head)."""
+    known = set(arch.linear_modules()) - {"router"}
+    out: list[str] = []
+    for t in targets:
+        if t in ("all-linear", "all_linear", "all"):
+            names: tuple[str, ...] = tuple(m for m in CANONICAL_MODULES if m in known)
+        else:
+            names = normalize_module(t)
+        for n in names:
+            if n == "lm_head" or n in known:
+                if n not in out:
+                    out.append(n)
+            else:
+                raise UserError(
+                    f"target module {t!r} not found in {arch.name} (PEFT would raise 'Target modules ... not found'); "
+                    f"linear modules here: {', '.join(sorted(known))}, lm_head, or all-linear"
+                )
+    return tuple(out)
+
+
+def validate(inp: EstimateInputs) -> EstimateInputs:
+    """Check choices and fill derived defaults (qlora -> nf4, canonical target names). UserError on bad input."""
+    if inp.method not in METHODS:
+        raise UserError(f"--method must be one of {', '.join(METHODS)}, not {inp.method!r}")
+    if inp.quant not in QUANTS:
+        raise UserError(f"--quant must be one of {', '.join(QUANTS)}, not {inp.quant!r}")
+    if inp.attn not in ATTNS:
+        raise UserError(f"--attn must be one of {', '.join(ATTNS)}, not {inp.attn!r}")
+    if inp.precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {inp.precision!r}")
+    if inp.framework not in FRAMEWORKS:
+        raise UserError(f"--framework must be one of {', '.join(FRAMEWORKS)}, not {inp.framework!r}")
+    for name in ("batch", "seq_len", "grad_accum"):
+        if getattr(inp, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if inp.method != "full" and inp.rank < 1:
+        raise UserError("--rank must be at least 1")
+    if not 0 <= inp.dropout < 1:
+        raise UserError("lora dropout must be in [0, 1)")
+    quant = inp.quant
+    if inp.method == "qlora" and quant == "none":
+        quant = "nf4"
+    if inp.method == "full" and quant != "none":
+        raise UserError("full fine-tuning of a quantized model is not possible; use --method qlora or --quant none")
+    if inp.method == "lora" and quant in ("nf4", "fp4"):
+        inp = replace(inp, method="qlora")
+    targets = resolve_targets(inp.arch, inp.targets) if inp.method != "full" else tuple(inp.targets)
+    return replace(inp, quant=quant, targets=targets, optim=normalize_optim(inp.optim))
+
+
+# --- dtypes --------------------------------------------------------------------------------------
+
+def _act_bytes(inp: EstimateInputs) -> int:
+    return 4 if inp.precision == "fp32" else 2
+
+
+def _pure_half(inp: EstimateInputs) -> bool:
+    return inp.precision in ("bf16-true", "fp16-true")
+
+
+def base_weight_bytes(inp: EstimateInputs) -> float:
+    """Bytes per unquantized base weight. HF LoRA loads the base in half precision (torch_dtype) even under
+    mixed precision; full fine-tuning under autocast keeps fp32 master weights; litgpt's bf16-mixed
+    keeps every weight in fp32; torchtune is pure bf16."""
+    if inp.precision == "fp32":
+        return 4
+    if _pure_half(inp) or inp.framework == "torchtune":
+        return 2
+    if inp.framework == "litgpt":
+        return 4
+    return 4 if inp.method == "full" else 2
+
+
+def trainable_bytes(inp: EstimateInputs) -> float:
+    """Bytes per trainable parameter: PEFT upcasts adapters to fp32 (autocast_adapter_dtype); pure-bf16
+    frameworks keep them in bf16."""
+    if inp.method == "full":
+        return base_weight_bytes(inp)
+    if inp.precision == "fp32":
+        return 4
+    if _pure_half(inp) or inp.framework == "torchtune":
+        return 2
+    return 4
+
+
+# --- parameters ----------------------------------------------------------------------------------
+
+def lora_params(arch: Arch, targets: tuple[str, ...], rank: int) -> int:
+    """r * (in + out) for every targeted linear (experts included), over all layers, plus lm_head if targeted."""
+    mods = arch.linear_modules()
+    n = 0
+    for t in targets:
+        if t == "lm_head":
+            n += rank * (arch.hidden + arch.vocab)
+            continue
+        fin, fout, copies = mods[t]
+        n += arch.layers * copies * rank * (fin + fout)
+    return n
+
+
+def modules_to_save_params(arch: Arch, names: tuple[str, ...]) -> int:
+    n = 0
+    for name in names:
+        leaf = normalize_module(name)[0]
+        if leaf in ("embed_tokens", "wte", "tok_embeddings", "embeddings"):
+            n += arch.embedding_params()
+        elif leaf == "lm_head":
+            n += arch.vocab * arch.hidden
+        elif leaf in ("score", "classifier"):
+            n += arch.hidden * 2
+        else:
+            raise UserError(f"modules_to_save {name!r}: only embed_tokens and lm_head are modelled")
+    return n
+
+
+def quantized_linear_bytes(n_params: int, out_rows: int, quant: str, double_quant: bool) -> int:
+    """Bytes of one quantized weight group: NF4/FP4 = 4 bits + absmax per 64 (fp32, or 8-bit + an fp32 per
+    256 blocks with double quant); LLM.int8 = 1 byte + an fp32 scale per output row."""
+    if quant in ("nf4", "fp4"):
+        blocks = -(-n_params // NF4_BLOCK)
+        if double_quant:
+            state = blocks * 1 + (-(-blocks // DQ_BLOCK)) * 4 + 256 * 4  # int8 absmax + fp32 absmax2 + code
+        else:
+            state = blocks * 4
+        return n_params // 2 + state
+    if quant == "8bit":
+        return n_params + out_rows * 4
+    raise ValueError(quant)
+
+
+def weight_components(inp: EstimateInputs) -> dict[str, int]:
+    """Frozen/base weights: layer linears (quantized or not) and the unquantized rest (embeddings,
+    lm_head, norms, biases), the rest upcast to fp32 by prepare_model_for_kbit_training on HF."""
+    arch = inp.arch
+    wb = base_weight_bytes(inp)
+    mods = arch.linear_modules()
+    linear_params = arch.layers * sum(i * o * c for i, o, c in mods.values())
+    other_layer = arch.layers * arch.layer_params() - linear_params
+    embed = arch.embedding_params()
+    head = arch.lm_head_params()
+    final_norm = arch.total_params() - arch.layers * arch.layer_params() - embed - head
+    comps: dict[str, int] = {}
+    if inp.quant == "none":
+        comps["base weights"] = int((linear_params + other_layer + final_norm + embed + head) * wb)
+        return comps
+    qbytes = 0
+    for fin, fout, copies in mods.values():
+        qbytes += arch.layers * copies * quantized_linear_bytes(fin * fout, fout, inp.quant, inp.double_quant)
+    rest = other_layer + final_norm + embed
+    quant_head = inp.framework == "litgpt" and head > 0  # Fabric's bnb plugin converts every nn.Linear
+    if quant_head:
+        qbytes += quantized_linear_bytes(head, arch.vocab, inp.quant, inp.double_quant)
+    else:
+        rest += head
+    upcast = inp.upcast_non_quantized if inp.upcast_non_quantized is not None else inp.framework == "hf"
+    rest_bytes = 4 if upcast else wb
+    comps[f"base weights ({inp.quant}{' + double quant' if inp.double_quant and inp.quant != '8bit' else ''})"] = qbytes
+    label = "embeddings, lm_head, norms (fp32 upcast)" if upcast else "embeddings, lm_head, norms"
+    comps[label] = int(rest * rest_bytes)
+    return comps
+
+
+def optimizer_state_bytes(optim: str, n_params: int, param_bytes: float, matrices: list[tuple[int, int]]) -> tuple[int, bool]:
+    """(bytes, paged). AdamW keeps 2 states like the parameter; bitsandbytes 8-bit keeps 2 x 1 byte + an fp32
+    absmax per 2048-block; bnb 32-bit keeps fp32; Adafactor factors the second moment (rows + cols);
+    SGD without momentum keeps nothing."""
+    paged = optim.startswith("paged_")
+    if optim in ("adamw_torch", "adamw_torch_fused", "adamw_hf"):
+        return int(2 * n_params * param_bytes), False
+    if optim in ("adamw_8bit", "paged_adamw_8bit"):
+        return int(2 * n_params + 2 * 4 * (n_params // 2048 + 1)), paged
+    if optim in ("lion_8bit", "paged_lion_8bit"):
+        return int(n_params + 4 * (n_params // 2048 + 1)), paged
+    if optim in ("paged_adamw_32bit", "adamw_bnb_32bit"):
+        return 8 * n_params, paged
+    if optim == "adafactor":
+        return sum(4 * (r + c) for r, c in matrices), False
+    if optim == "sgd":
+        return 0, False
+    raise ValueError(optim)
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+def _lora_saved_per_input(inp: EstimateInputs, in_features: int) -> float:
+    """Bytes per token a LoRA module saves for its input path: the dropout mask (1 byte) and the dropped-out
+    input that lora_A saves; PEFT casts x to the fp32 adapter dtype, so under autocast lora_A saves a new
+    half-precision copy even without dropout. Pure-bf16 frameworks without dropout share the layer input."""
+    a = _act_bytes(inp)
+    copy_needed = inp.dropout > 0 or (trainable_bytes(inp) != a and inp.precision != "fp32")
+    mask = in_features if inp.dropout > 0 else 0
+    return mask + (a * in_features if copy_needed else 0)
+
+
+def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
+    """Bytes per token saved by one decoder layer for backward, by part."""
+    arch = inp.arch
+    a = _act_bytes(inp)
+    h, qd, kvd = arch.hidden, arch.q_dim, arch.kv_dim
+    k_active = arch.experts_per_token if arch.experts else 1
+    width = arch.expert_width * k_active
+    s = inp.seq_len
+    parts: dict[str, float] = {}
+    # RMSNorm upcasts to fp32 and saves that copy; LayerNorm saves its (autocast fp32 or half) input.
+    if arch.norm == "rms":
+        per_norm = a * h if inp.torch_compile else 4 * h
+    else:
+        per_norm = 4 * h if (inp.precision in ("bf16", "fp16") and inp.framework == "hf") else a * h
+    parts["norms"] = arch.norms_per_layer * per_norm
+    # Linear inputs are saved whether or not the weight trains (measured: LoRA activations ~ full FT).
+    mlp_input = 0 if arch.parallel_residual else a * h
+    parts["linear inputs"] = a * h + mlp_input + a * k_active * h * (1 if arch.experts else 0)
+    # attention: q, k, v after RoPE, output and logsumexp; sdpa/eager expand k/v to all heads (repeat_kv)
+    kv_saved = qd if inp.attn in ("sdpa", "eager") else kvd
+    if inp.attn == "eager":
+        parts["attention"] = a * (2 * qd + kv_saved) + arch.heads * s * (4 + a)
+    else:
+        parts["attention"] = a * (qd + 2 * kv_saved + qd) + 4 * arch.heads
+    # o_proj input: a copy (transpose + reshape) except with flash-attn's (b, s, h, d) output
+    parts["o_proj input"] = 0 if inp.attn == "flash_attention_2" else a * qd
+    if arch.mlp == "gated":
+        mlp = (2 if inp.torch_compile else 3) * a * width
+    else:
+        mlp = a * width
+    parts["mlp"] = mlp + a * width  # + down_proj input
+    lora = 0.0
+    if inp.method != "full":
+        mods = arch.linear_modules()
+        layer_targets = [t for t in inp.targets if t != "lm_head"]
+        if inp.framework == "litgpt":
+            # litgpt: one LoRA on the fused qkv (one dropout), one per other linear
+            groups = {("qkv" if t in ("q_proj", "k_proj", "v_proj") else t) for t in layer_targets}
+            for g in groups:
+                fin = h if g == "qkv" else mods[g][0]
+                lora += _lora_saved_per_input(inp, fin)
+        else:
+            for t in layer_targets:
+                fin = mods[t][0]
+                mult = k_active if (arch.experts and t in ("gate_proj", "up_proj", "down_proj")) else 1
+                lora += mult * _lora_saved_per_input(inp, fin)
+        lora += sum(a * inp.rank for _ in layer_targets)
+    parts["lora"] = lora
+    if inp.precision in ("bf16", "fp16") and inp.method == "full" and inp.framework == "hf":
+        pass  # autocast weight copies are counted per parameter, not per token
+    return parts
+
+
+def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str, int]]:
+    """(saved activations, transient peak terms) in bytes for the whole step."""
+    arch = inp.arch
+    a = _act_bytes(inp)
+    tokens = inp.batch * inp.seq_len
+    per_layer = sum(layer_activation_parts(inp).values())
+    saved: dict[str, int] = {}
+    transient: dict[str, int] = {}
+    if inp.gradient_checkpointing:
+        kept_layers = min(arch.layers, 2) if inp.activation_offloading else arch.layers
+        saved["checkpointed hidden states"] = int(kept_layers * a * arch.hidden * tokens)
+        saved["one layer recomputed"] = int(per_layer * tokens)
+    else:
+        saved[f"activations ({arch.layers} layers)"] = int(arch.layers * per_layer * tokens)
+    # final norm + lm_head input; LoRA on lm_head
+    lm_extra = 4 * arch.hidden + a * arch.hidden
+    if "lm_head" in inp.targets and inp.method != "full":
+        lm_extra += _lora_saved_per_input(inp, arch.hidden) + a * inp.rank
+    saved["final norm, lm_head input"] = int(lm_extra * tokens)
+    # logits + cross-entropy: HF/torchtune upcast logits to fp32 (copy, log_softmax output, its gradient);
+    # chunked losses keep half-precision logits and upcast one chunk at a time.
+    chunked = inp.chunked_ce if inp.chunked_ce is not None else inp.framework == "litgpt"
+    v = arch.vocab
+    if chunked:
+        per_logit = 2 * a if inp.framework == "litgpt" else a + (1 if inp.torch_compile else 4)
+    else:
+        per_logit = 12 if a == 2 else 16
+    transient["logits + cross-entropy"] = int(per_logit * v * tokens)
+    # backward working set of one layer: gradients of the MLP intermediate and the hidden state
+    width = arch.expert_width * (arch.experts_per_token if arch.experts else 1)
+    transient["backward working set"] = int(tokens * (3 * a * width + 4 * a * arch.hidden))
+    return saved, transient
+
+
+# --- the estimate --------------------------------------------------------------------------------
+
+def estimate(inp: EstimateInputs) -> Estimate:
+    """Predict the peak memory of one training step. Raises UserError on invalid inputs."""
+    inp = validate(inp)
+    arch = inp.arch
+    notes: list[str] = []
+    comps: dict[str, int] = {}
+    comps.update(weight_components(inp))
+
+    # trainable parameters
+    tb = trainable_bytes(inp)
+    matrices: list[tuple[int, int]] = []
+    if inp.method == "full":
+        trainable = arch.total_params()
+        for fin, fout, copies in arch.linear_modules().values():
+            matrices += [(fin, fout)] * (copies * arch.layers)
+        trainable_label = None  # the base weights are the trainable params
+    else:
+        trainable = lora_params(arch, inp.targets, inp.rank)
+        mods = arch.linear_modules()
+        for t in inp.targets:
+            fin, fout = (arch.hidden, arch.vocab) if t == "lm_head" else mods[t][:2]
+            copies = 1 if t == "lm_head" else mods[t][2] * arch.layers
+            matrices += [(inp.rank, fin), (fout, inp.rank)] * copies
+        comps["LoRA parameters"] = int(trainable * tb)
+        mts = modules_to_save_params(arch, inp.modules_to_save)
+        if mts:
+            mts_bytes = 4 if (inp.quant != "none" and inp.framework == "hf") else base_weight_bytes(inp)
+            comps["modules_to_save copies"] = int(mts * mts_bytes)
+            matrices.append((arch.vocab, arch.hidden))
+            trainable_bytes_total = trainable * tb + mts * mts_bytes
+            trainable += mts
+            tb = trainable_bytes_total / trainable
+    grads = int(trainable * tb)
+    if inp.optimizer_in_backward:
+        # each gradient is applied and freed in backward: only the largest parameter's gradient lives
+        grads = int(max(arch.vocab * arch.hidden, max(i * o for i, o, _ in arch.linear_modules().values())) * tb)
+    opt_bytes, paged = optimizer_state_bytes(inp.optim, trainable, tb, matrices)
+    if inp.optim in ("adamw_torch", "adamw_hf") and not inp.optimizer_in_backward:
+        step_transient = int(trainable * tb)  # foreach AdamW: one state-sized temporary (sqrt of exp_avg_sq)
+    else:
+        step_transient = 0
+    if paged:
+        notes.append("paged optimizer states live in CUDA unified memory: counted in device use, not in torch's allocator")
+    comps["workspaces (cuBLAS, attention)"] = WORKSPACE_BYTES
+
+    saved, transient = activation_components(inp)
+    autocast_copies = 0
+    if inp.method == "full" and base_weight_bytes(inp) == 4 and inp.precision in ("bf16", "fp16"):
+        # autocast casts each fp32 weight to half once per forward; backward keeps the copies alive
+        autocast_copies = 2 * sum(i * o * c for i, o, c in arch.linear_modules().values()) * arch.layers
+    elif inp.quant != "none" and inp.framework == "hf" and inp.upcast_non_quantized is not False and inp.precision != "fp32":
+        # the fp32-upcast lm_head is cast to half by autocast each forward and kept for backward
+        autocast_copies = 2 * arch.vocab * arch.hidden
+    elif inp.method != "full" and inp.framework == "litgpt" and base_weight_bytes(inp) == 4 and inp.precision in ("bf16", "fp16"):
+        autocast_copies = 2 * sum(i * o * c for i, o, c in arch.linear_modules().values()) * arch.layers
+        autocast_copies += 2 * arch.lm_head_params()
+
+    static = sum(comps.values())
+    act_total = sum(saved.values()) + sum(transient.values()) + autocast_copies
+    # the peak: start of backward (activations + loss) with the gradients still to come, or the optimizer
+    # step (all gradients + optimizer temporaries) for full fine-tuning; LoRA grads are small either way.
+    step_peak = grads + step_transient
+    backward_peak = act_total + (grads if inp.method != "full" else 0)
+    if inp.method == "full" and not inp.optimizer_in_backward:
+        # lm_head / embedding gradients appear at the very start of backward
+        backward_peak += int(arch.vocab * arch.hidden * tb)
+    dynamic = max(backward_peak, step_peak)
+    if opt_bytes and not paged:
+        comps[f"optimizer states ({inp.optim})"] = opt_bytes
+    # the breakdown lists what is alive at the peak moment, so the components add up to the total
+    if backward_peak >= step_peak:
+        if inp.method == "full":
+            if not inp.optimizer_in_backward:
+                comps["lm_head/embedding gradients"] = int(arch.vocab * arch.hidden * tb)
+        else:
+            comps["gradients"] = grads
+        comps.update(saved)
+        if autocast_copies:
+            comps["autocast half-precision weight copies"] = autocast_copies
+        comps.update(transient)
+    else:
+        comps["gradients"] = grads
+        if step_transient:
+            comps["optimizer step temporaries"] = step_transient
+        notes.append("the peak is the optimizer step (all gradients + optimizer temporaries), not the backward pass; "
+                     f"activations at the start of backward: {act_total / 2**30:.2f} GiB")
+    peak_alloc = static + (opt_bytes if not paged else 0) + dynamic
+
+    # caching allocator: blocks are rounded and fragment as activation shapes vary from step to step
+    slack = int(0.03 * static + 0.12 * dynamic) + 128 * MIB
+    peak_reserved = peak_alloc + slack
+    paged_bytes = opt_bytes if paged else 0
+    device = peak_reserved + CUDA_CONTEXT_BYTES + paged_bytes
+    comps["allocator slack (reserved - allocated)"] = slack
+    if paged_bytes:
+        comps[f"paged optimizer states ({inp.optim})"] = paged_bytes
+    comps["CUDA context"] = CUDA_CONTEXT_BYTES
+
+    fixed = static + (opt_bytes if not paged else 0) + CUDA_CONTEXT_BYTES + paged_bytes
+    low = int(0.98 * fixed + 0.85 * (dynamic + slack) - 150 * MIB)
+    high = int(1.03 * fixed + 1.25 * (dynamic + slack) + 300 * MIB)
+    if inp.grad_accum > 1:
+        notes.append(f"gradient accumulation ({inp.grad_accum}) does not raise the peak: it is per micro-batch")
+    if inp.attn == "eager" and inp.seq_len >= 2048:
+        notes.append("eager attention keeps batch x heads x seq^2 probabilities per layer; sdpa/flash_attention_2 do not")
+    return Estimate(
+        inputs=inp,
+        components=comps,
+        peak_allocated_bytes=int(peak_alloc),
+        peak_reserved_bytes=int(peak_reserved),
+        device_used_bytes=int(device),
+        band=(min(low, device), max(high, device)),
+        trainable_params=int(trainable),
+        total_params=arch.total_params(),
+        notes=notes,
+    )
+
+
+# Components that are not part of peak allocated (they are listed in the breakdown for the total).
+NOT_ALLOCATED = ("allocator slack (reserved - allocated)", "CUDA context")
