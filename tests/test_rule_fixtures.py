@@ -1,0 +1,199 @@
+"""The rule library against its fixtures (docs/rules.md "Fixtures"), in-process for speed.
+
+For every built-in rule: at least two positive and one negative fixture under
+fixtures/logs/<rule-id>/; on each positive the FIRST finding names the rule's cause, on each
+negative it does not. Also: every cause id of docs/causes.md is produced by some rule, every
+repro id is known, and `rules lint` passes on rules/ and fails, naming the file, on broken rules.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from loradoctor.logs.engine import explain
+from loradoctor.logs.rules import builtin_rules_dir, lint_rules, load_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "logs"
+RULES = sorted(load_rules(), key=lambda r: r.id)
+RULES_BY_ID = {r.id: r for r in RULES}
+
+
+def _fixtures(rule_id: str, kind: str) -> list[Path]:
+    folder = FIXTURES / rule_id
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(kind + "-") and not p.name.startswith("."))
+
+
+def _cases(kind: str) -> list:
+    return [
+        pytest.param(rule.id, path, id=f"{rule.id}/{path.name}")
+        for rule in RULES
+        for path in _fixtures(rule.id, kind)
+    ]
+
+
+def _explain_fixture(path: Path):
+    # A folder fixture (several rank logs) is explained as one input set, as the CLI would.
+    return explain([str(path)])
+
+
+def describe(report, n: int = 3) -> str:
+    """The top n findings, readable in a failing assertion."""
+    if not report.findings:
+        tail = "\n".join(f"      {e.where()}: {e.text}" for e in report.unrecognised_tail[-5:])
+        return "  no findings at all; last error-looking lines:\n" + (tail or "      (none)")
+    out = []
+    for f in report.findings[:n]:
+        out.append(f"  {f.rank}. {f.cause} [{f.rule}] {f.severity}, confidence {f.confidence:.2f}: {f.title}")
+        if f.why_rank:
+            out.append(f"       why: {f.why_rank}")
+        for e in f.evidence[:2]:
+            out.append(f"       {e.where()}: {e.text[:160]}")
+    more = len(report.findings) - n
+    if more > 0:
+        out.append(f"  ... and {more} more")
+    return "\n".join(out)
+
+
+def test_the_library_is_not_empty():
+    assert len(RULES) >= 10, f"only {len(RULES)} built-in rules loaded from {builtin_rules_dir()}"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_rule_has_fixtures(rule):
+    pos = _fixtures(rule.id, "pos")
+    neg = _fixtures(rule.id, "neg")
+    assert len(pos) >= 2 and len(neg) >= 1, (
+        f"rule {rule.id} needs >= 2 pos-* and >= 1 neg-* fixtures under fixtures/logs/{rule.id}/; "
+        f"found {len(pos)} positive, {len(neg)} negative"
+    )
+
+
+def test_no_fixture_folder_without_a_rule():
+    # A typo in a folder name would silently drop its fixtures from the harness.
+    orphans = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name not in RULES_BY_ID)
+    assert not orphans, f"fixture folders with no rule of that id: {orphans}"
+
+
+@pytest.mark.parametrize("rule_id, path", _cases("pos"))
+def test_positive_fixture_ranks_the_rule_cause_first(rule_id, path):
+    rule = RULES_BY_ID[rule_id]
+    report = _explain_fixture(path)
+    assert report.findings and report.findings[0].cause == rule.cause, (
+        f"{path.relative_to(ROOT)}: expected the first finding to be {rule.cause} (rule {rule_id}); got:\n"
+        + describe(report)
+    )
+
+
+@pytest.mark.parametrize("rule_id, path", _cases("neg"))
+def test_negative_fixture_does_not_rank_the_rule_cause_first(rule_id, path):
+    rule = RULES_BY_ID[rule_id]
+    report = _explain_fixture(path)
+    assert not report.findings or report.findings[0].cause != rule.cause, (
+        f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
+        + describe(report)
+    )
+
+
+def _cause_ids() -> list[str]:
+    text = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
+    ids = re.findall(r"^\|\s*([a-z0-9_]+\.[a-z0-9_]+)\s*\|", text, flags=re.M)
+    assert len(ids) >= 30, "could not read the cause table of docs/causes.md"
+    return ids
+
+
+def test_every_cause_is_produced_by_some_rule():
+    produced = {r.cause for r in RULES}
+    missing = [c for c in _cause_ids() if c not in produced]
+    assert not missing, f"causes in docs/causes.md that no rule produces: {missing}"
+
+
+def test_every_rule_cause_is_a_catalogued_cause():
+    known = set(_cause_ids())
+    unknown = sorted(f"{r.id} -> {r.cause}" for r in RULES if r.cause not in known)
+    assert not unknown, f"rules naming causes that docs/causes.md does not list: {unknown}"
+
+
+def test_schema_enums_match_the_docs():
+    # rules/schema.json carries the cause and repro ids for editors; docs are the source of truth.
+    from loradoctor.logs.rules import cause_ids, repro_ids
+
+    assert sorted(cause_ids()) == sorted(_cause_ids()), "rules/schema.json cause enum differs from docs/causes.md"
+    assert sorted(repro_ids()) == sorted(_repro_ids()), "rules/schema.json repro enum differs from docs/rules.md"
+
+
+def _repro_ids() -> set[str]:
+    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
+    section = text.split("## Repro ids", 1)[1].split("\n## ", 1)[0]
+    ids = set(re.findall(r"`([a-z0-9-]+)`", section.split("A rule's `repro`")[0]))
+    assert len(ids) >= 10, "could not read the repro ids of docs/rules.md"
+    return ids
+
+
+def test_every_repro_is_a_known_repro_id():
+    known = _repro_ids()
+    bad = sorted(f"{r.id} -> {r.repro}" for r in RULES if getattr(r, "repro", None) and r.repro not in known)
+    assert not bad, f"rules whose repro is not a known repro id ({sorted(known)}): {bad}"
+
+
+def test_lint_passes_on_the_builtin_rules():
+    problems = lint_rules(builtin_rules_dir())
+    assert problems == [], "rules lint on rules/:\n" + "\n".join(map(str, problems))
+
+
+_GOOD_RULE = """\
+rules:
+  - id: {rid}
+    cause: oom.capacity
+    title: A test rule
+    severity: error
+    confidence: high
+    patterns: ['{pattern}']
+    summary: test
+    fixes:
+      - text: do something
+    docs: test
+"""
+
+BROKEN_RULES = {
+    "bad-yaml": "rules:\n  - id: x\n    cause: [unclosed\n",
+    "bad-regex": _GOOD_RULE.format(rid="bad-regex-rule", pattern="CUDA out of memory (Tried"),
+    "unknown-cause": _GOOD_RULE.format(rid="unknown-cause-rule", pattern="boom").replace(
+        "oom.capacity", "oom.not_a_cause"),
+    "missing-title": _GOOD_RULE.format(rid="missing-title-rule", pattern="boom").replace(
+        "    title: A test rule\n", ""),
+    "bad-severity": _GOOD_RULE.format(rid="bad-severity-rule", pattern="boom").replace(
+        "severity: error", "severity: fatal"),
+    "bad-repro": _GOOD_RULE.format(rid="bad-repro-rule", pattern="boom") + "    repro: no-such-repro\n",
+    "bad-when": _GOOD_RULE.format(rid="bad-when-rule", pattern="boom") + "    when: 'oom.requested_bytes >>> 3'\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_RULES))
+def test_lint_names_the_file_of_a_broken_rule(tmp_path, kind):
+    (tmp_path / "fine.yaml").write_text(_GOOD_RULE.format(rid="fine-rule", pattern="all good"), encoding="utf-8")
+    broken = tmp_path / f"broken-{kind}.yaml"
+    broken.write_text(BROKEN_RULES[kind], encoding="utf-8")
+    problems = [str(p) for p in lint_rules(tmp_path)]
+    assert problems, f"lint found nothing wrong with a {kind} rule:\n{BROKEN_RULES[kind]}"
+    assert any(broken.name in p for p in problems), f"lint problems do not name {broken.name}: {problems}"
+    assert not any("fine.yaml" in p for p in problems), f"lint blamed the good file: {problems}"
+
+
+def test_lint_accepts_a_good_user_rule_folder(tmp_path):
+    (tmp_path / "mine.yaml").write_text(_GOOD_RULE.format(rid="my-rule", pattern="my own failure"), encoding="utf-8")
+    assert lint_rules(tmp_path) == []
+
+
+def test_duplicate_ids_across_files_are_reported(tmp_path):
+    body = textwrap.dedent(_GOOD_RULE.format(rid="same-id", pattern="x"))
+    (tmp_path / "a.yaml").write_text(body, encoding="utf-8")
+    (tmp_path / "b.yaml").write_text(body, encoding="utf-8")
+    problems = [str(p) for p in lint_rules(tmp_path)]
+    assert any("same-id" in p for p in problems), f"duplicate id not reported: {problems}"
