@@ -1,0 +1,1026 @@
+"""Env checks: pure functions snapshot -> findings. Nothing here touches the machine.
+
+Each check reads what it needs from the snapshot (any key may be missing: pasted reports carry
+less than a live probe), and returns zero or more Findings with a cause id from docs/causes.md,
+evidence pointing into the snapshot (`snapshot:nvidia.gpus[0]`) or a probe's stderr, and a fix a
+person can paste. Facts (driver floors, wheel arch lists, version floors) live in
+loradoctor/data/env_facts.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from loradoctor.findings import Evidence, Finding, Fix, assign_ranks
+from loradoctor.units import GIB, MIB, format_bytes
+
+_DATA = Path(__file__).resolve().parent.parent / "data" / "env_facts.json"
+TORCH_INDEX = "https://download.pytorch.org/whl"
+
+# Features a person can ask for with `--want` (or that an env var implies); see docs/env.md.
+WANT_FEATURES = ("bf16", "fp16", "flash-attn", "bnb")
+
+
+@lru_cache(maxsize=1)
+def facts() -> dict[str, Any]:
+    """The shipped fact tables (driver floors, wheel arch lists, version rules)."""
+    return json.loads(_DATA.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- small readers
+
+
+def version_tuple(text: Any) -> tuple[int, ...]:
+    """'550.54.15' -> (550, 54, 15); '12.4' -> (12, 4); junk -> ()."""
+    if not isinstance(text, str):
+        return ()
+    parts = re.findall(r"\d+", text.split("+")[0])
+    return tuple(int(p) for p in parts[:4])
+
+
+def cc_tuple(text: Any) -> Optional[tuple[int, int]]:
+    """'8.6' -> (8, 6); None when unknown."""
+    v = version_tuple(str(text)) if text is not None else ()
+    return (v[0], v[1] if len(v) > 1 else 0) if v else None
+
+
+def arch_tuple(entry: str) -> Optional[tuple[str, int, int]]:
+    """'sm_86' -> ('sm', 8, 6); 'sm_120' -> ('sm', 12, 0); 'compute_90' -> ('compute', 9, 0); 'sm_90a' -> ('sm', 9, 0)."""
+    m = re.match(r"^(sm|compute)_(\d+)(\d)[a-z]?$", entry.strip())
+    if not m:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def arch_supports(arch_list: Iterable[str], cc: tuple[int, int]) -> bool:
+    """A cubin runs on the same major with an equal-or-higher minor; PTX JITs on any newer device (nvidia.md §4)."""
+    for entry in arch_list:
+        a = arch_tuple(entry)
+        if a is None:
+            continue
+        kind, major, minor = a
+        if kind == "sm" and major == cc[0] and minor <= cc[1]:
+            return True
+        if kind == "compute" and (major, minor) <= cc:
+            return True
+    return False
+
+
+def gpu_cc_from_name(name: str) -> Optional[str]:
+    """Compute capability for a GPU model name (pasted reports carry only the name)."""
+    low = name.lower()
+    for needle, cc in facts()["gpu_compute_capability"]:
+        if re.search(r"(?<![a-z0-9])" + re.escape(needle.lower()) + r"(?![0-9])", low):
+            return cc
+    return None
+
+
+def _section(snapshot: dict, key: str) -> dict:
+    value = snapshot.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def gpus(snapshot: dict) -> list[dict]:
+    """NVIDIA GPUs the driver reports (all of them, before CUDA_VISIBLE_DEVICES)."""
+    return [g for g in _section(snapshot, "nvidia").get("gpus", []) or [] if isinstance(g, dict)]
+
+
+def gpu_cc(g: dict) -> Optional[tuple[int, int]]:
+    cc = cc_tuple(g.get("compute_capability"))
+    if cc is None and g.get("name"):
+        cc = cc_tuple(gpu_cc_from_name(g["name"]))
+    return cc
+
+
+def env_vars(snapshot: dict) -> dict[str, str]:
+    return {k: str(v) for k, v in _section(snapshot, "env_vars").items()}
+
+
+def is_windows(snapshot: dict) -> bool:
+    return "windows" in str(_section(snapshot, "system").get("os", "")).lower()
+
+
+def torch_info(snapshot: dict) -> dict:
+    return _section(snapshot, "torch")
+
+
+def torch_ok(snapshot: dict) -> bool:
+    """torch imported cleanly in the child probe (or the pasted report shows it did)."""
+    t = torch_info(snapshot)
+    return bool(t.get("installed")) and "error" not in t and t.get("version") is not None
+
+
+def torch_is_cuda_build(snapshot: dict) -> Optional[bool]:
+    t = torch_info(snapshot)
+    if not t.get("installed"):
+        return None
+    if t.get("cuda_version"):
+        return True
+    version = str(t.get("version") or _section(snapshot, "packages").get("torch") or "")
+    if "+cu" in version:
+        return True
+    if t.get("hip_version") or "+rocm" in version or "+xpu" in version:
+        return False
+    if "error" in t and "+cpu" not in version:
+        return None  # the probe failed; a PyPI wheel carries no local tag, so we cannot tell
+    if "cuda_version" in t or "+cpu" in version:
+        return False  # the probe (or report) says torch.version.cuda is None
+    return None
+
+
+def requested(snapshot: dict) -> dict[str, str]:
+    """Features the person asked for -> where we learned it (`--want`, or an env var)."""
+    out: dict[str, str] = {}
+    req = _section(snapshot, "requested")
+    for feat in req.get("features", []) or []:
+        out[str(feat)] = str(req.get("source", "--want"))
+    ev = env_vars(snapshot)
+    mp = ev.get("ACCELERATE_MIXED_PRECISION", "").strip().lower()
+    if mp in ("bf16", "fp16"):
+        out.setdefault(mp, f"ACCELERATE_MIXED_PRECISION={mp}")
+    if ev.get("ACCELERATE_USE_FLASH_ATTENTION", "").strip().lower() in ("1", "true"):
+        out.setdefault("flash-attn", "ACCELERATE_USE_FLASH_ATTENTION")
+    return out
+
+
+def visible_gpus(snapshot: dict) -> list[tuple[int, dict]]:
+    """(position in nvidia.gpus, gpu) for the GPUs CUDA_VISIBLE_DEVICES lets a process see."""
+    all_gpus = gpus(snapshot)
+    cvd = env_vars(snapshot).get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return list(enumerate(all_gpus))
+    picked = []
+    for token in [t.strip() for t in cvd.split(",") if t.strip()]:
+        match = _match_cvd_token(token, all_gpus)
+        if match is None:
+            break  # CUDA stops at the first invalid entry
+        picked.append(match)
+    return picked
+
+
+def _match_cvd_token(token: str, all_gpus: list[dict]) -> Optional[tuple[int, dict]]:
+    if re.fullmatch(r"\d+", token):
+        for i, g in enumerate(all_gpus):
+            if int(g.get("index", i)) == int(token):
+                return i, g
+        return None
+    if token.upper().startswith(("GPU-", "MIG-")):
+        for i, g in enumerate(all_gpus):
+            uuid = str(g.get("uuid") or "")
+            if uuid and uuid.lower().startswith(token.lower()):
+                return i, g
+    return None
+
+
+def driver_floor(cuda: str, windows: bool) -> Optional[str]:
+    v = version_tuple(cuda)
+    if len(v) < 2:
+        return None
+    table = facts()["driver_floor_windows" if windows else "driver_floor_linux"]
+    for row in table:
+        if row["cuda_major"] == v[0] and row["cuda_minor_min"] <= v[1] <= row["cuda_minor_max"]:
+            return row["driver_min"]
+    return None
+
+
+def driver_cuda_ceiling(snapshot: dict) -> Optional[str]:
+    """Newest CUDA the driver supports ('12.4'), from NVML / nvidia-smi, else derived from the driver version."""
+    nv = _section(snapshot, "nvidia")
+    if nv.get("cuda_driver_version"):
+        return str(nv["cuda_driver_version"])
+    drv = version_tuple(nv.get("driver_version"))
+    if not drv:
+        return None
+    best = None
+    for cuda, need in facts()["driver_for_cuda_linux"].items():
+        if drv >= version_tuple(need) and (best is None or version_tuple(cuda) > version_tuple(best)):
+            best = cuda
+    return best
+
+
+def best_wheel(driver_cuda: Optional[str], ccs: list[tuple[int, int]]) -> Optional[dict]:
+    """The newest torch wheel whose CUDA the driver runs and whose arch list covers every GPU."""
+    wheels = facts()["torch_wheels"]
+    ceiling = version_tuple(driver_cuda) if driver_cuda else None
+    fits = [
+        w for w in wheels
+        if (ceiling is None or version_tuple(w["cuda"]) <= ceiling) and all(arch_supports(w["arch"], cc) for cc in ccs)
+    ]
+    return fits[-1] if fits else None
+
+
+def wheel_for_arch(ccs: list[tuple[int, int]]) -> Optional[dict]:
+    """The oldest-CUDA wheel that covers every GPU (asks the least of the driver)."""
+    for w in facts()["torch_wheels"]:
+        if all(arch_supports(w["arch"], cc) for cc in ccs):
+            return w
+    return None
+
+
+def torch_arch_list(snapshot: dict) -> tuple[list[str], str]:
+    """Arch list the torch build carries, and where it came from ('probe' or 'wheel table')."""
+    t = torch_info(snapshot)
+    if t.get("arch_list"):
+        return list(t["arch_list"]), "probe"
+    tag = re.search(r"\+(cu\d+)", str(t.get("version") or ""))
+    cuda = t.get("cuda_version")
+    for w in facts()["torch_wheels"]:
+        if (tag and w["tag"] == tag.group(1)) or (not tag and cuda and w["cuda"] == ".".join(str(cuda).split(".")[:2])):
+            return list(w["arch"]), f"wheel table ({w['tag']})"
+    return [], ""
+
+
+def pip_torch_line(wheel: dict, version: Optional[str] = None) -> str:
+    pkg = f"torch=={version}" if version else "torch"
+    return f"pip install --force-reinstall {pkg} --index-url {TORCH_INDEX}/{wheel['tag']}"
+
+
+def _torch_base_version(snapshot: dict) -> Optional[str]:
+    v = str(torch_info(snapshot).get("version") or _section(snapshot, "packages").get("torch") or "")
+    return v.split("+")[0] or None
+
+
+def _ev(where: str, text: str) -> Evidence:
+    return Evidence(file=f"snapshot:{where}", line=None, text=text)
+
+
+def _stderr_evidence(probe: dict, label: str) -> list[Evidence]:
+    tail = [ln for ln in str(probe.get("stderr_tail") or "").splitlines() if ln.strip()][-8:]
+    return [Evidence(file=f"probe:{label} stderr", line=None, text=ln) for ln in tail]
+
+
+def _gpu_label(i: int, g: dict) -> str:
+    return f"GPU {g.get('index', i)} ({g.get('name', '?')})"
+
+
+# ---------------------------------------------------------------- the checks
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    area: str
+    description: str
+    fn: Callable[[dict], list[Finding]]
+
+
+def _finding(check: str, cause: str, severity: str, title: str, **kw: Any) -> Finding:
+    kw.setdefault("confidence", 0.9)
+    return Finding(cause=cause, rule=f"env.{check}", severity=severity, title=title, area=CHECK_AREAS.get(check, ""), **kw)
+
+
+def check_nvml_mismatch(snapshot: dict) -> list[Finding]:
+    nv = _section(snapshot, "nvidia")
+    err = str(nv.get("error") or "")
+    km, lib = nv.get("kernel_module_version"), nv.get("library_version")
+    mismatch_text = "version mismatch" in err.lower()
+    differ = bool(km and lib and km != lib)
+    if not (mismatch_text or differ):
+        return []
+    ev = []
+    if mismatch_text:
+        ev.append(_ev("nvidia.error", err))
+    if km:
+        ev.append(_ev("nvidia.kernel_module_version", f"kernel module {km} (/proc/driver/nvidia/version)"))
+    if lib:
+        ev.append(_ev("nvidia.library_version", f"user-space driver libraries {lib}"))
+    return [_finding(
+        "nvml_mismatch", "env.nvml_mismatch", "error",
+        "NVIDIA kernel module and driver libraries differ (driver upgraded without a reboot)",
+        summary=(f"The loaded kernel module is {km or '?'} but the libraries are {lib or '?'}; NVML and CUDA refuse to "
+                 "start until they match."),
+        evidence=ev, facts={"kernel_module_version": km, "library_version": lib},
+        fixes=[Fix("Reboot so the new kernel module loads", "sudo reboot"),
+               Fix("Or reload the module without a reboot (stop every GPU process first)",
+                   "sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia && nvidia-smi")],
+    )]
+
+
+def check_torch_installed(snapshot: dict) -> list[Finding]:
+    t = torch_info(snapshot)
+    if "installed" not in t or t.get("installed"):
+        return []
+    ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
+    wheel = best_wheel(driver_cuda_ceiling(snapshot), ccs) if gpus(snapshot) else None
+    cmd = f"pip install torch --index-url {TORCH_INDEX}/{wheel['tag']}" if wheel else "pip install torch"
+    return [_finding(
+        "torch_installed", "env.torch_cpu_only", "info" if not gpus(snapshot) else "warning",
+        "torch is not installed in this Python",
+        summary="loradoctor probed the interpreter it runs in; if you train with another one, run loradoctor there.",
+        evidence=[_ev("torch", "torch not found by importlib.metadata")],
+        fixes=[Fix("Install a torch build for this machine", cmd)],
+    )]
+
+
+def check_torch_broken(snapshot: dict) -> list[Finding]:
+    t = torch_info(snapshot)
+    probe = t.get("probe") if isinstance(t.get("probe"), dict) else {}
+    if not t.get("installed") or probe.get("status") in (None, "ok", "missing", "skipped"):
+        return []
+    status = probe.get("status")
+    stderr = str(probe.get("stderr_tail") or "")
+    if status == "timeout":
+        what = f"`import torch` hung (killed after {probe.get('timeout_s', '?')} s)"
+    elif status == "crashed":
+        what = f"`import torch` crashed the interpreter ({probe.get('reason', 'signal')})"
+    else:
+        what = f"`import torch` failed: {probe.get('reason') or 'error'}"
+    fixes = []
+    version = _torch_base_version(snapshot)
+    ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
+    wheel = best_wheel(driver_cuda_ceiling(snapshot), ccs) if gpus(snapshot) else None
+    shadows = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
+    if shadows or "libcud" in stderr or "undefined symbol" in stderr:
+        if shadows:
+            fixes.append(Fix("LD_LIBRARY_PATH puts other CUDA libraries before the ones the torch wheel ships; run without it",
+                             "env -u LD_LIBRARY_PATH python -c 'import torch; print(torch.__version__)'"))
+    if wheel:
+        fixes.append(Fix("Reinstall torch cleanly for this driver", pip_torch_line(wheel, version)))
+    else:
+        fixes.append(Fix("Reinstall torch cleanly", f"pip install --force-reinstall {'torch==' + version if version else 'torch'}"))
+    fixes.append(Fix("Look for two torch installs or a stray torch/ folder on the path",
+                     "python -c 'import importlib.util as u; print(u.find_spec(\"torch\").origin)'; pip list 2>/dev/null | grep -i -E '^(torch|nvidia-)'"))
+    return [_finding(
+        "torch_broken", "env.torch_broken", "error", f"torch is installed but {what}",
+        summary="Every training script dies at `import torch` until this is fixed; the other checks ran without it.",
+        evidence=_stderr_evidence(probe, "torch") or [_ev("torch.probe", f"{status}: {probe.get('reason', '')}")],
+        facts={"probe_status": status, "returncode": probe.get("returncode")}, fixes=fixes,
+    )]
+
+
+def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
+    t = torch_info(snapshot)
+    if not t.get("installed") or "error" in t:
+        return []
+    version = str(t.get("version") or "")
+    cuda_build = t.get("cuda_version")
+    if cuda_build or t.get("hip_version") or "+rocm" in version or "+xpu" in version:
+        return []
+    if "cuda_version" not in t and "+cpu" not in version:
+        return []  # a pasted report that says nothing about the build
+    all_gpus = gpus(snapshot)
+    if not all_gpus:
+        return [_finding(
+            "torch_cpu_only", "env.torch_cpu_only", "info",
+            f"torch {version} is a CPU-only build and this machine shows no NVIDIA GPU",
+            summary="Fine for CPU work and tests; install a CUDA build on the machine you train on.",
+            evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None")],
+            confidence=0.8,
+        )]
+    ccs = [c for c in (gpu_cc(g) for g in all_gpus) if c]
+    ceiling = driver_cuda_ceiling(snapshot)
+    wheel = best_wheel(ceiling, ccs)
+    fixes = []
+    if wheel:
+        fixes.append(Fix(f"Install the newest CUDA build your driver supports (driver CUDA {ceiling or '?'} -> {wheel['tag']})",
+                         pip_torch_line(wheel, version.split("+")[0] or None)))
+    else:
+        need = wheel_for_arch(ccs)
+        if need:
+            drv = facts()["driver_for_cuda_linux"].get(need["cuda"])
+            fixes.append(Fix(f"Your GPU needs a {need['tag']} wheel; first update the NVIDIA driver to {drv} or newer",
+                             f"pip install --force-reinstall torch --index-url {TORCH_INDEX}/{need['tag']}"))
+    fixes.append(Fix("Check afterwards", "python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'"))
+    return [_finding(
+        "torch_cpu_only", "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {len(all_gpus)} NVIDIA GPU(s)",
+        summary="Training would run on the CPU, or fail with `Torch not compiled with CUDA enabled`.",
+        evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None"),
+                  _ev("nvidia.gpus[0]", f"{all_gpus[0].get('name', '?')}, driver {_section(snapshot, 'nvidia').get('driver_version', '?')}")],
+        facts={"torch_version": version, "driver_cuda": ceiling}, fixes=fixes,
+    )]
+
+
+def check_driver_too_old(snapshot: dict) -> list[Finding]:
+    t = torch_info(snapshot)
+    nv = _section(snapshot, "nvidia")
+    cuda = t.get("cuda_version")
+    drv = nv.get("driver_version")
+    if not cuda or not drv:
+        return []
+    floor = driver_floor(str(cuda), is_windows(snapshot))
+    ceiling = driver_cuda_ceiling(snapshot)
+    ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
+    ev = [_ev("torch.cuda_version", f"torch {t.get('version')} built with CUDA {cuda}"),
+          _ev("nvidia.driver_version", f"driver {drv} (supports CUDA up to {ceiling or '?'})")]
+    too_old = floor is not None and version_tuple(drv) < version_tuple(floor)
+    if not too_old:
+        return []
+    wheel = best_wheel(ceiling, ccs)
+    need = facts()["driver_for_cuda_linux"].get(".".join(str(cuda).split(".")[:2]), floor)
+    fixes = [Fix(f"Update the NVIDIA driver to {need} or newer (CUDA {cuda} needs at least {floor})",
+                 "sudo ubuntu-drivers install   # or your distribution's / NVIDIA's driver package")]
+    if wheel:
+        fixes.insert(0, Fix(f"Or keep the driver and install the {wheel['tag']} wheel, the newest it runs",
+                            pip_torch_line(wheel, _torch_base_version(snapshot))))
+    probe_err = [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
+                 if "too old" in ln or "insufficient" in ln][:2]
+    return [_finding(
+        "driver_too_old", "env.driver_too_old", "error",
+        f"NVIDIA driver {drv} is too old for torch's CUDA {cuda} runtime",
+        summary="torch.cuda.is_available() is False and any .cuda() raises `The NVIDIA driver on your system is too old`.",
+        evidence=ev + probe_err, facts={"driver_version": drv, "driver_min": floor, "torch_cuda": cuda}, fixes=fixes,
+    )]
+
+
+def check_arch_unsupported(snapshot: dict) -> list[Finding]:
+    if not torch_is_cuda_build(snapshot):
+        return []
+    arch, source = torch_arch_list(snapshot)
+    if not arch:
+        return []
+    out = []
+    ceiling = driver_cuda_ceiling(snapshot)
+    for i, g in visible_gpus(snapshot) or list(enumerate(gpus(snapshot))):
+        cc = gpu_cc(g)
+        if cc is None or arch_supports(arch, cc):
+            continue
+        wheel = best_wheel(ceiling, [cc])
+        fixes = []
+        if wheel:
+            fixes.append(Fix(f"Install a wheel with sm_{cc[0]}{cc[1]} kernels ({wheel['tag']})", pip_torch_line(wheel)))
+        else:
+            need = wheel_for_arch([cc])
+            if need:
+                drv = facts()["driver_for_cuda_linux"].get(need["cuda"])
+                fixes.append(Fix(f"Update the NVIDIA driver to {drv} or newer (CUDA {need['cuda']}), then install the {need['tag']} wheel",
+                                 pip_torch_line(need)))
+            else:
+                fixes.append(Fix("No current torch wheel supports this GPU; use an older torch release that still ships its arch"))
+        too_old = all((arch_tuple(a) or ("", 99, 0))[1] > cc[0] for a in arch)
+        out.append(_finding(
+            "arch_unsupported", "env.arch_unsupported", "error",
+            f"torch {torch_info(snapshot).get('version')} has no kernels for {_gpu_label(i, g)}, compute capability {cc[0]}.{cc[1]}",
+            summary=("The GPU is older than the oldest arch in this build." if too_old else
+                     "The first kernel launch fails with `no kernel image is available for execution on the device`; "
+                     "the arch list follows the wheel's CUDA tag, not the torch version."),
+            evidence=[_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]}"),
+                      _ev("torch.arch_list", f"{' '.join(arch)} (from {source})")],
+            facts={"compute_capability": f"{cc[0]}.{cc[1]}", "arch_list": arch}, fixes=fixes,
+        ))
+    return out
+
+
+def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
+    sysinfo = _section(snapshot, "system")
+    nv = _section(snapshot, "nvidia")
+    t = torch_info(snapshot)
+    ev_vars = env_vars(snapshot)
+    all_gpus = gpus(snapshot)
+    cuda_build = torch_is_cuda_build(snapshot)
+    out = []
+    cvd = ev_vars.get("CUDA_VISIBLE_DEVICES")
+    if all_gpus and cvd is not None and not visible_gpus(snapshot):
+        out.append(_finding(
+            "no_gpu_visible", "env.no_gpu_visible", "error",
+            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {len(all_gpus)} GPU(s)",
+            summary="CUDA sees no device: `No CUDA GPUs are available` / device count 0.",
+            evidence=[_ev("env_vars.CUDA_VISIBLE_DEVICES", repr(cvd)),
+                      _ev("nvidia.gpus", ", ".join(f"{g.get('index', i)}: {g.get('name')}" for i, g in enumerate(all_gpus)))],
+            fixes=[Fix("Unset it, or name GPUs that exist (indices as nvidia-smi prints them, or GPU- UUIDs)",
+                       "unset CUDA_VISIBLE_DEVICES   # or: export CUDA_VISIBLE_DEVICES=0")],
+        ))
+        return out
+    if all_gpus and cuda_build and torch_ok(snapshot) and t.get("device_count") == 0 and "device_count" in t:
+        ev = [_ev("torch.device_count", "torch.cuda.device_count() = 0, cuda.is_available() = False"),
+              _ev("nvidia.gpus", f"the driver lists {len(all_gpus)} GPU(s): {all_gpus[0].get('name')}")]
+        ev += [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
+               if "CUDA" in ln][:3]
+        out.append(_finding(
+            "no_gpu_visible", "env.no_gpu_visible", "error",
+            f"nvidia-smi sees {len(all_gpus)} GPU(s) but torch sees none",
+            summary="Usually `nvidia_uvm` not loaded or wedged (after suspend/resume), missing /dev/nvidia* nodes in a container, "
+                    "or a CUDA_VISIBLE_DEVICES change after start.",
+            evidence=ev,
+            fixes=[Fix("Reload the unified-memory module (or reboot)", "sudo rmmod nvidia_uvm && sudo modprobe nvidia_uvm"),
+                   Fix("Create the device nodes if they are missing", "sudo nvidia-modprobe -u -c=0"),
+                   Fix("Check again", "python -c 'import torch; print(torch.cuda.device_count())'")],
+        ))
+    if not all_gpus and sysinfo.get("container") and cuda_build:
+        nvd = ev_vars.get("NVIDIA_VISIBLE_DEVICES")
+        ev = [_ev("system.container", f"running in a container ({sysinfo.get('container_kind', 'container')})"),
+              _ev("nvidia.error", str(nv.get("error") or "no NVIDIA GPU found")),
+              _ev("system.dev_nvidia", f"/dev/nvidia* device nodes: {', '.join(sysinfo.get('dev_nvidia') or []) or 'none'}")]
+        if nvd is not None:
+            ev.append(_ev("env_vars.NVIDIA_VISIBLE_DEVICES", repr(nvd)))
+        out.append(_finding(
+            "no_gpu_visible", "env.no_gpu_visible", "error",
+            "This container has no GPU: it was started without GPU access",
+            summary=f"torch {t.get('version')} is a CUDA build, but no NVIDIA device is mapped into the container.",
+            evidence=ev,
+            fixes=[Fix("Start the container with the GPUs (needs nvidia-container-toolkit on the host)",
+                       "docker run --gpus all --ipc=host ... "),
+                   Fix("On Kubernetes, request the device", "resources: {limits: {nvidia.com/gpu: 1}}")],
+        ))
+    if sysinfo.get("wsl") and not all_gpus and sysinfo.get("wsl_libcuda") is False:
+        out.append(_finding(
+            "no_gpu_visible", "env.no_gpu_visible", "error" if cuda_build else "warning",
+            "WSL2 without the Windows NVIDIA driver's CUDA library (/usr/lib/wsl/lib/libcuda.so is missing)",
+            summary="Under WSL2 the GPU comes from the Windows driver; a Linux NVIDIA driver inside WSL does not work.",
+            evidence=[_ev("system.wsl", "WSL2 kernel"), _ev("system.wsl_libcuda", "/usr/lib/wsl/lib/libcuda.so not found")],
+            fixes=[Fix("Install or update the NVIDIA driver on Windows (not inside WSL), then restart WSL", "wsl --shutdown"),
+                   Fix("Remove a Linux driver installed inside WSL if there is one", "sudo apt-get remove --purge '^nvidia-driver-.*'")],
+        ))
+    return out
+
+
+def _feature_gpus(snapshot: dict) -> list[tuple[int, dict, tuple[int, int]]]:
+    out = []
+    for i, g in visible_gpus(snapshot):
+        cc = gpu_cc(g)
+        if cc:
+            out.append((i, g, cc))
+    if not out:  # a pasted collect_env may carry torch's device list only
+        for j, d in enumerate(torch_info(snapshot).get("devices") or []):
+            cc = cc_tuple(d.get("capability")) or cc_tuple(gpu_cc_from_name(str(d.get("name", ""))))
+            if cc:
+                out.append((j, {"index": j, "name": d.get("name")}, cc))
+    return out
+
+
+def check_bf16(snapshot: dict) -> list[Finding]:
+    want = requested(snapshot)
+    old = [(i, g, cc) for i, g, cc in _feature_gpus(snapshot) if cc < (8, 0)]
+    if not old:
+        return []
+    i, g, cc = old[0]
+    ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
+    if "bf16" in want:
+        ev.append(_ev("requested", f"bf16 requested by {want['bf16']}"))
+        return [_finding(
+            "bf16", "env.bf16_unsupported", "error", f"bf16 requested but {_gpu_label(i, g)} has no native bf16",
+            summary="transformers stops with `Your setup doesn't support bf16/gpu`; torch.cuda.is_bf16_supported() may still say "
+                    "True because it counts slow emulation, so loradoctor judges by compute capability.",
+            evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"},
+            fixes=[Fix("Train in fp16 instead (TrainingArguments / accelerate)", "--fp16 True --bf16 False   # ACCELERATE_MIXED_PRECISION=fp16"),
+                   Fix("For QLoRA also compute in fp16", "bnb_4bit_compute_dtype=torch.float16")],
+        )]
+    return [_finding(
+        "bf16", "env.bf16_unsupported", "info", f"{_gpu_label(i, g)} has no native bf16: use fp16 mixed precision",
+        evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"}, confidence=0.8,
+        fixes=[Fix("Pick fp16 in your config", "--fp16 True")],
+    )]
+
+
+def check_flash_attn_support(snapshot: dict) -> list[Finding]:
+    want = requested(snapshot)
+    fa = _section(snapshot, "flash_attn")
+    pk = _section(snapshot, "packages")
+    installed = bool(fa.get("installed") or pk.get("flash-attn"))
+    feats = _feature_gpus(snapshot)
+    out = []
+    old = [(i, g, cc) for i, g, cc in feats if cc < (8, 0)]
+    if old and ("flash-attn" in want or installed):
+        i, g, cc = old[0]
+        asked = "flash-attn" in want
+        ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
+        if asked:
+            ev.append(_ev("requested", f"flash-attn requested by {want['flash-attn']}"))
+        out.append(_finding(
+            "flash_attn_support", "env.flash_attn_unsupported", "error" if asked else "warning",
+            f"FlashAttention 2 does not run on {_gpu_label(i, g)}",
+            summary="The kernel stops with `FlashAttention only supports Ampere GPUs or newer.`",
+            evidence=ev,
+            fixes=[Fix("Use PyTorch's SDPA attention instead", 'attn_implementation="sdpa"')],
+        ))
+    fa3 = pk.get("flash-attn-3") or pk.get("flash_attn_3")
+    if fa3 and feats and not any(cc[0] == 9 for _, _, cc in feats):
+        i, g, cc = feats[0]
+        out.append(_finding(
+            "flash_attn_support", "env.flash_attn_unsupported", "warning",
+            f"FlashAttention 3 ({fa3}) is installed but it needs a Hopper GPU; {_gpu_label(i, g)} is {cc[0]}.{cc[1]}",
+            evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(f"nvidia.gpus[{i}]", str(g.get("name")))],
+            fixes=[Fix("Use FlashAttention 2 or SDPA on this GPU", 'attn_implementation="flash_attention_2"  # or "sdpa"')],
+        ))
+    return out
+
+
+def _extension_broken(snapshot: dict, key: str, check: str, cause: str, label: str, reinstall: str) -> list[Finding]:
+    sec = _section(snapshot, key)
+    probe = sec.get("probe") if isinstance(sec.get("probe"), dict) else {}
+    if not sec.get("installed") or probe.get("status") in (None, "ok", "missing", "skipped"):
+        return []
+    reason = probe.get("reason") or probe.get("status")
+    return [_finding(
+        check, cause, "error", f"{label} {sec.get('version', '')} is installed but does not load: {reason}".replace("  ", " "),
+        summary="Usually a wheel built for another torch or CUDA version (undefined symbol), or a CUDA library it cannot find.",
+        evidence=_stderr_evidence(probe, key) or [_ev(f"{key}.probe", str(reason))],
+        facts={"probe_status": probe.get("status"), "torch": _torch_base_version(snapshot)},
+        fixes=[Fix(f"Reinstall {label} against the torch you have now", reinstall)],
+    )]
+
+
+def check_flash_attn_broken(snapshot: dict) -> list[Finding]:
+    out = _extension_broken(snapshot, "flash_attn", "flash_attn_broken", "env.flash_attn_broken", "flash-attn",
+                            "pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir")
+    fa = _section(snapshot, "flash_attn")
+    version = fa.get("version") or _section(snapshot, "packages").get("flash-attn")
+    want = requested(snapshot)
+    if "flash-attn" in want and not version and ("installed" in fa or "packages" in snapshot):
+        if not any(cc < (8, 0) for _, _, cc in _feature_gpus(snapshot)):
+            out.append(_finding(
+                "flash_attn_broken", "env.flash_attn_broken", "error", "flash-attn requested but not installed",
+                summary="transformers stops with `the package flash_attn seems to be not installed`.",
+                evidence=[_ev("requested", f"flash-attn requested by {want['flash-attn']}"), _ev("packages", "flash-attn not found")],
+                fixes=[Fix("Install it (prebuilt wheels exist for common torch/CUDA pairs)", "pip install flash-attn --no-build-isolation"),
+                       Fix("Or use SDPA", 'attn_implementation="sdpa"')],
+            ))
+    floor = facts()["minimum_versions"]["flash-attn"]
+    if version and version_tuple(version) and version_tuple(version) < version_tuple(floor):
+        out.append(_finding(
+            "flash_attn_broken", "env.flash_attn_broken", "warning", f"flash-attn {version} is older than {floor}, the minimum transformers accepts",
+            evidence=[_ev("packages.flash-attn", str(version))],
+            fixes=[Fix("Upgrade it", "pip install -U flash-attn --no-build-isolation")],
+        ))
+    return out
+
+
+def check_bnb_broken(snapshot: dict) -> list[Finding]:
+    out = _extension_broken(snapshot, "bitsandbytes", "bnb_broken", "env.bnb_broken", "bitsandbytes",
+                            "pip install --force-reinstall -U bitsandbytes && python -m bitsandbytes")
+    bnb = _section(snapshot, "bitsandbytes")
+    if not out and bnb.get("installed") and bnb.get("cuda") is False and gpus(snapshot) and torch_is_cuda_build(snapshot):
+        out.append(_finding(
+            "bnb_broken", "env.bnb_broken", "error", f"bitsandbytes {bnb.get('version', '')} loads without its CUDA library",
+            summary="4-bit / 8-bit quantization and 8-bit optimizers are unavailable (`compiled without GPU support`).",
+            evidence=[_ev("bitsandbytes.cuda", str(bnb.get("detail") or "no CUDA backend"))] + _stderr_evidence(bnb.get("probe") or {}, "bitsandbytes"),
+            fixes=[Fix("Install a bitsandbytes wheel that ships binaries for torch's CUDA", "pip install -U bitsandbytes && python -m bitsandbytes")],
+        ))
+    want = requested(snapshot)
+    if "bnb" in want and "installed" in bnb and not bnb.get("installed"):
+        out.append(_finding(
+            "bnb_broken", "env.bnb_broken", "error", "bitsandbytes requested (QLoRA) but not installed",
+            evidence=[_ev("requested", f"bnb requested by {want['bnb']}")], fixes=[Fix("Install it", "pip install -U bitsandbytes")],
+        ))
+    return out
+
+
+def check_version_conflict(snapshot: dict) -> list[Finding]:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    pk = _section(snapshot, "packages")
+    out = []
+    for rule in facts()["version_rules"]:
+        have, need = pk.get(rule["when"]), pk.get(rule["needs"])
+        if not have or not need:
+            continue
+        try:
+            hv, nv = Version(str(have).split("+")[0]), Version(str(need).split("+")[0])
+            if hv not in SpecifierSet(rule["when_spec"]) or nv in SpecifierSet(rule["needs_spec"]):
+                continue
+        except (InvalidVersion, InvalidSpecifier):
+            continue
+        out.append(_finding(
+            "version_conflict", "env.version_conflict", rule.get("severity", "error"),
+            f"{rule['when']} {have} needs {rule['needs']}{rule['needs_spec']}, found {need}",
+            summary=rule["source"],
+            evidence=[_ev(f"packages.{rule['when']}", str(have)), _ev(f"packages.{rule['needs']}", str(need))],
+            fixes=[Fix(f"Bring {rule['needs']} into range", f"pip install '{rule['needs']}{rule['needs_spec']}'")
+                   if rule["needs"] != "torch" else
+                   Fix(f"Upgrade torch (keep your CUDA tag) or pin {rule['when']} to a release that accepts torch {need}",
+                       f"pip install '{rule['when']}<{rule['when_spec'].split(',')[0].lstrip('>=~=')}'")],
+            confidence=0.8,
+        ))
+    return out
+
+
+def check_ld_library_path(snapshot: dict) -> list[Finding]:
+    dirs = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
+    if not dirs or not torch_info(snapshot).get("installed"):
+        return []
+    libs = sorted({lib for d in dirs for lib in d.get("libs", [])})
+    cudnn = any("cudnn" in lib for lib in libs)
+    return [_finding(
+        "ld_library_path", "env.cudnn" if cudnn else "env.version_conflict", "warning",
+        "LD_LIBRARY_PATH puts system CUDA libraries ahead of the ones the torch wheel ships",
+        summary="A different libcudnn / libcudart / libnccl found first gives `cuDNN version incompatibility`, "
+                "`undefined symbol` or NCCL failures.",
+        evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d.get('dir')}: {', '.join(d.get('libs', []))}") for d in dirs[:4]],
+        fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)",
+                   "export LD_LIBRARY_PATH=" + ":".join(
+                       p for p in env_vars(snapshot).get("LD_LIBRARY_PATH", "").split(":")
+                       if p and p not in {d.get("dir") for d in dirs}))],
+        confidence=0.6,
+    )]
+
+
+ALLOC_KEYS_BOOL = {"expandable_segments", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
+                   "pinned_use_background_threads", "release_lock_on_cudamalloc", "graph_capture_record_stream_reuse"}
+ALLOC_KEYS_INT = {"max_split_size_mb", "max_non_split_rounding_mb", "pinned_num_register_threads",
+                  "pinned_reserve_segment_size_mb", "large_segment_size_mb"}
+
+
+def parse_alloc_conf(text: str) -> tuple[dict[str, str], list[str]]:
+    """Parse PYTORCH_CUDA_ALLOC_CONF ('key:value,key:value'); returns (options, problems)."""
+    options: dict[str, str] = {}
+    problems: list[str] = []
+    # roundup_power2_divisions may carry a bracketed list with commas: split on commas outside brackets.
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        if ":" not in part:
+            problems.append(f"{part!r} has no ':' (the syntax is key:value, e.g. expandable_segments:True)")
+            continue
+        key, value = (s.strip() for s in part.split(":", 1))
+        options[key] = value
+        if "=" in key or "=" in value:
+            problems.append(f"{part!r} uses '='; the syntax is key:value")
+        elif key in ALLOC_KEYS_BOOL:
+            if value not in ("True", "False"):
+                problems.append(f"{key} takes True or False (capitalised), not {value!r}")
+        elif key in ALLOC_KEYS_INT:
+            if not re.fullmatch(r"\d+", value):
+                problems.append(f"{key} takes an integer (MB), not {value!r}")
+            elif key == "max_split_size_mb" and int(value) <= 20:
+                problems.append(f"max_split_size_mb must be above 20, not {value}")
+        elif key == "garbage_collection_threshold":
+            try:
+                ok = 0.0 < float(value) < 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                problems.append(f"garbage_collection_threshold takes a fraction between 0 and 1, not {value!r}")
+        elif key == "roundup_power2_divisions":
+            if not re.fullmatch(r"\d+|\[[\d>:,\s]+\]", value):
+                problems.append(f"roundup_power2_divisions takes an integer or a list like [256:1,512:2,>:8], not {value!r}")
+        elif key == "backend":
+            if value not in ("native", "cudaMallocAsync"):
+                problems.append(f"backend is native or cudaMallocAsync, not {value!r}")
+        else:
+            problems.append(f"unknown option {key!r} (torch stops with `Unrecognized CachingAllocator option: {key}`)")
+    if options.get("backend") == "cudaMallocAsync":
+        ignored = [k for k in ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold") if k in options]
+        if ignored:
+            problems.append(f"backend:cudaMallocAsync ignores {', '.join(ignored)}")
+    return options, problems
+
+
+def check_settings(snapshot: dict) -> list[Finding]:
+    ev_vars = env_vars(snapshot)
+    out = []
+    confs = {k: ev_vars[k] for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if k in ev_vars}
+    for name, value in confs.items():
+        _, problems = parse_alloc_conf(value)
+        if problems:
+            out.append(_finding(
+                "settings", "env.bad_setting", "error", f"{name} is not valid: {problems[0]}",
+                summary="torch reads this at the first CUDA allocation and stops (or silently ignores the option).",
+                evidence=[_ev(f"env_vars.{name}", value)] + [_ev(f"env_vars.{name}", p) for p in problems[1:]],
+                fixes=[Fix("A valid value that fights fragmentation", f"export {name}=expandable_segments:True")],
+            ))
+    if len(confs) == 2 and len(set(confs.values())) == 2:
+        out.append(_finding(
+            "settings", "env.bad_setting", "warning", "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF disagree",
+            summary="Which one wins depends on the torch release; set one.",
+            evidence=[_ev(f"env_vars.{k}", v) for k, v in confs.items()],
+            fixes=[Fix("Keep one of them", "unset PYTORCH_ALLOC_CONF")],
+        ))
+    if ev_vars.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1":
+        out.append(_finding(
+            "settings", "env.bad_setting", "warning", "CUDA_LAUNCH_BLOCKING=1 is set: every kernel runs synchronously",
+            summary="Useful to locate a CUDA error; it makes training several times slower if left on.",
+            evidence=[_ev("env_vars.CUDA_LAUNCH_BLOCKING", "1")], fixes=[Fix("Unset it after debugging", "unset CUDA_LAUNCH_BLOCKING")],
+        ))
+    offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if ev_vars.get(k, "").strip().lower() in ("1", "true", "yes", "on")]
+    if offline:
+        out.append(_finding(
+            "settings", "env.bad_setting", "info", f"{offline[0]}=1: models and datasets load from the local cache only",
+            evidence=[_ev(f"env_vars.{k}", ev_vars[k]) for k in offline], confidence=0.8,
+        ))
+    if ev_vars.get("NCCL_P2P_DISABLE") == "1" or ev_vars.get("NCCL_IB_DISABLE") == "1":
+        keys = [k for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE") if ev_vars.get(k) == "1"]
+        out.append(_finding(
+            "settings", "env.bad_setting", "info", f"{' and '.join(keys)} set: multi-GPU traffic takes a slower path",
+            evidence=[_ev(f"env_vars.{k}", "1") for k in keys], confidence=0.7,
+        ))
+    return out
+
+
+def check_other_process(snapshot: dict) -> list[Finding]:
+    out = []
+    for i, g in enumerate(gpus(snapshot)):
+        total = g.get("memory_total_bytes") or 0
+        free = g.get("memory_free_bytes")
+        threshold = max(512 * MIB, int(total * 0.02))
+        for p in g.get("processes") or []:
+            used = p.get("used_bytes") or 0
+            if p.get("ours") or used < threshold:
+                continue
+            pid, name = p.get("pid"), p.get("name") or "?"
+            zombie = p.get("alive") is False or p.get("status") == "zombie"
+            tight = total and free is not None and free < 0.1 * total
+            fixes = ([Fix("The process is gone (or a zombie) but the driver still holds its memory: kill its parent, "
+                          "or reset the GPU when nothing else runs on it", f"nvidia-smi --gpu-reset -i {g.get('index', i)}")]
+                     if zombie else
+                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}"),
+                      Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}")])
+            out.append(_finding(
+                "other_process", "oom.other_process", "error" if tight else "warning",
+                f"{'A dead/zombie process' if zombie else 'Another process'} holds {format_bytes(used)} on {_gpu_label(i, g)}: "
+                f"pid {pid} ({name})",
+                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total else "",
+                evidence=[_ev(f"nvidia.gpus[{i}].processes", f"pid {pid} {name} {format_bytes(used)}"
+                              + (" (not running: zombie)" if zombie else ""))],
+                facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, fixes=fixes, confidence=0.85,
+            ))
+    return out
+
+
+def _other_gpu(snapshot: dict, busy: int) -> str:
+    for i, g in enumerate(gpus(snapshot)):
+        if i != busy:
+            return str(g.get("index", i))
+    return str(busy)
+
+
+THROTTLE_BAD = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+
+
+def check_thermal_power(snapshot: dict) -> list[Finding]:
+    out = []
+    for i, g in enumerate(gpus(snapshot)):
+        reasons = set(g.get("throttle_reasons") or [])
+        bad = sorted(reasons & THROTTLE_BAD)
+        temp, slow = g.get("temperature_c"), g.get("slowdown_temp_c")
+        hot = temp is not None and slow is not None and temp >= slow - 5
+        if bad or hot:
+            ev = []
+            if bad:
+                ev.append(_ev(f"nvidia.gpus[{i}].throttle_reasons", ", ".join(sorted(reasons))))
+            if temp is not None:
+                ev.append(_ev(f"nvidia.gpus[{i}].temperature_c", f"{temp} C (slowdown at {slow if slow is not None else '?'} C)"))
+            if g.get("power_draw_w") is not None:
+                ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {g.get('power_limit_w', '?')} W"))
+            out.append(_finding(
+                "thermal_power", "hw.thermal_power", "warning",
+                f"{_gpu_label(i, g)} is throttling: {', '.join(bad) or 'near its slowdown temperature'}",
+                summary="Hardware slowdown halves clocks or worse; repeated it precedes Xid 62/79 resets. (sw_power_cap under load is normal.)",
+                evidence=ev,
+                fixes=[Fix("Check airflow, fans and power cabling; watch it under load", f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g.get('index', i)}"),
+                       Fix("Cap power while you investigate", f"sudo nvidia-smi -i {g.get('index', i)} -pl <watts>")],
+                confidence=0.8,
+            ))
+        gc, gm = g.get("pcie_gen_current"), g.get("pcie_gen_max")
+        wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
+        if wc and wm and wc < wm:
+            out.append(_finding(
+                "thermal_power", "hw.thermal_power", "info",
+                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm} (gen {gc or '?'} of {gm or '?'})",
+                summary="The link drops at idle; a narrow width under load points at the slot, riser or BIOS settings.",
+                evidence=[_ev(f"nvidia.gpus[{i}].pcie_width_current", f"x{wc} of x{wm}")], confidence=0.4,
+            ))
+    return out
+
+
+def check_memory_errors(snapshot: dict) -> list[Finding]:
+    out = []
+    for i, g in enumerate(gpus(snapshot)):
+        ev, severity = [], None
+
+        def flag(key: str, text: str, sev: str) -> None:
+            nonlocal severity
+            ev.append(_ev(f"nvidia.gpus[{i}].{key}", text))
+            if severity is None or (sev == "error" and severity != "error"):
+                severity = sev
+
+        if (g.get("ecc_uncorrected_volatile") or 0) > 0:
+            flag("ecc_uncorrected_volatile", f"{g['ecc_uncorrected_volatile']} uncorrectable ECC errors since the last reset", "error")
+        if g.get("remapped_rows_failure"):
+            flag("remapped_rows_failure", "row remapping failure occurred", "error")
+        if g.get("remapped_rows_pending"):
+            flag("remapped_rows_pending", "row remapping pending: the GPU needs a reset", "error")
+        if g.get("retired_pages_pending"):
+            flag("retired_pages_pending", "page retirement pending: the GPU needs a reset", "error")
+        if (g.get("ecc_uncorrected_aggregate") or 0) > 0:
+            flag("ecc_uncorrected_aggregate", f"{g['ecc_uncorrected_aggregate']} uncorrectable ECC errors over the card's life", "warning")
+        if (g.get("retired_pages_dbe") or 0) > 0:
+            flag("retired_pages_dbe", f"{g['retired_pages_dbe']} pages retired for double-bit errors", "warning")
+        if (g.get("remapped_rows_uncorrectable") or 0) > 0:
+            flag("remapped_rows_uncorrectable", f"{g['remapped_rows_uncorrectable']} rows remapped for uncorrectable errors", "warning")
+        if severity:
+            idx = g.get("index", i)
+            out.append(_finding(
+                "memory_errors", "hw.memory_errors", severity, f"{_gpu_label(i, g)} reports GPU memory errors",
+                summary="Uncorrectable errors kill the process touching the memory (Xid 48/94/95); pending remaps take effect after a reset.",
+                evidence=ev,
+                fixes=[Fix("Reset the GPU when nothing runs on it (or reboot)", f"sudo nvidia-smi --gpu-reset -i {idx}"),
+                       Fix("Then run the vendor diagnostic; RMA the card if errors come back", "dcgmi diag -r 3")],
+                confidence=0.85,
+            ))
+    return out
+
+
+def check_host(snapshot: dict) -> list[Finding]:
+    s = _section(snapshot, "system")
+    out = []
+    shm = s.get("shm_bytes")
+    if shm is not None and shm < 1 * GIB:
+        out.append(_finding(
+            "host", "oom.shm", "warning" if s.get("container") else "info",
+            f"/dev/shm is only {format_bytes(shm)}",
+            summary="DataLoader workers pass batches through /dev/shm; too small gives `Bus error` or killed workers.",
+            evidence=[_ev("system.shm_bytes", format_bytes(shm))],
+            fixes=[Fix("Give the container more shared memory", "docker run --shm-size=16g ...   # or --ipc=host"),
+                   Fix("Or load data in the main process", "dataloader_num_workers=0")],
+            confidence=0.7,
+        ))
+    for key, label in (("disk_free_cwd_bytes", "the working directory (checkpoints)"), ("disk_free_hf_cache_bytes", "the Hugging Face cache")):
+        free = s.get(key)
+        if free is not None and free < 20 * GIB:
+            out.append(_finding(
+                "host", "env.disk_space", "warning" if free >= 5 * GIB else "error",
+                f"Only {format_bytes(free)} free for {label}",
+                summary="A 7B model download is ~15 GB; each full checkpoint as much again (adapters are small).",
+                evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s.get(key.replace('_bytes', '_path').replace('disk_free_', 'path_'), '?')}")],
+                fixes=[Fix("Free space or point the cache elsewhere", "export HF_HOME=/path/with/space"),
+                       Fix("Keep fewer checkpoints", "save_total_limit=2")],
+                confidence=0.7,
+            ))
+    ram = s.get("ram_total_bytes")
+    if ram is not None and ram < 16 * GIB and gpus(snapshot):
+        out.append(_finding(
+            "host", "oom.host_ram", "info", f"The host has {format_bytes(ram)} of RAM",
+            summary="Loading a 7B model's weights passes through host RAM; under 16 GiB the kernel's OOM killer may end the run.",
+            evidence=[_ev("system.ram_total_bytes", format_bytes(ram))],
+            fixes=[Fix("Load with low_cpu_mem_usage and safetensors, or add swap", "low_cpu_mem_usage=True")], confidence=0.5,
+        ))
+    return out
+
+
+def check_mig(snapshot: dict) -> list[Finding]:
+    out = []
+    for i, g in enumerate(gpus(snapshot)):
+        if str(g.get("mig_mode") or "").lower() == "enabled":
+            out.append(_finding(
+                "mig", "env.no_gpu_visible", "info", f"{_gpu_label(i, g)} runs in MIG mode",
+                summary="Processes see one MIG slice (CUDA_VISIBLE_DEVICES=MIG-...), with a fraction of the memory.",
+                evidence=[_ev(f"nvidia.gpus[{i}].mig_mode", "Enabled")], confidence=0.7,
+            ))
+    return out
+
+
+CHECKS: list[Check] = [
+    Check("nvml_mismatch", "driver", "kernel module vs user-space driver libraries (reboot after a driver upgrade)", check_nvml_mismatch),
+    Check("torch_installed", "torch", "torch is installed in this interpreter", check_torch_installed),
+    Check("torch_broken", "torch", "`import torch` succeeds in a child process (no ImportError, crash or hang)", check_torch_broken),
+    Check("torch_cpu_only", "torch", "torch is a CUDA build when the machine has an NVIDIA GPU", check_torch_cpu_only),
+    Check("driver_too_old", "driver", "the driver is new enough for torch's CUDA runtime", check_driver_too_old),
+    Check("arch_unsupported", "torch", "torch's arch list has kernels for every GPU", check_arch_unsupported),
+    Check("no_gpu_visible", "gpu", "GPUs the driver sees are visible to CUDA (CUDA_VISIBLE_DEVICES, containers, WSL2)", check_no_gpu_visible),
+    Check("bf16", "gpu", "bf16 only on compute capability >= 8.0", check_bf16),
+    Check("flash_attn_support", "gpu", "FlashAttention 2 needs >= 8.0, FlashAttention 3 needs Hopper", check_flash_attn_support),
+    Check("flash_attn_broken", "packages", "flash-attn loads in a child process and is new enough", check_flash_attn_broken),
+    Check("bnb_broken", "packages", "bitsandbytes loads with its CUDA library", check_bnb_broken),
+    Check("version_conflict", "packages", "transformers / peft / accelerate / trl / bitsandbytes / torch version floors", check_version_conflict),
+    Check("ld_library_path", "packages", "LD_LIBRARY_PATH does not shadow the wheel's CUDA libraries", check_ld_library_path),
+    Check("settings", "settings", "PYTORCH_CUDA_ALLOC_CONF syntax, CUDA_LAUNCH_BLOCKING, offline and NCCL flags", check_settings),
+    Check("other_process", "gpu", "no other process holds GPU memory", check_other_process),
+    Check("thermal_power", "health", "throttle reasons, temperature, PCIe link", check_thermal_power),
+    Check("memory_errors", "health", "ECC errors, retired pages, row remapping", check_memory_errors),
+    Check("host", "system", "/dev/shm, free disk for checkpoints and the HF cache, host RAM", check_host),
+    Check("mig", "gpu", "MIG mode", check_mig),
+]
+CHECK_AREAS = {c.name: c.area for c in CHECKS}
+CHECK_NAMES = [c.name for c in CHECKS]
+
+
+def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Finding]:
+    """Run every check (or the named ones) on a snapshot; findings ranked errors first.
+
+    A check that raises becomes an info finding ("could not check") so one bad field never hides the rest.
+    """
+    wanted = set(only) if only else None
+    if wanted:
+        unknown = wanted - set(CHECK_NAMES)
+        if unknown:
+            from loradoctor.errors import UserError
+
+            raise UserError(f"unknown check {', '.join(sorted(unknown))}; `loradoctor env --list-checks` lists them")
+    findings: list[Finding] = []
+    for check in CHECKS:
+        if wanted and check.name not in wanted:
+            continue
+        try:
+            findings.extend(check.fn(snapshot))
+        except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other checks
+            findings.append(Finding(
+                cause="env.torch_broken" if check.area == "torch" else "env.version_conflict", rule=f"env.{check.name}",
+                severity="info", confidence=0.2, area=check.area,
+                title=f"could not check {check.name}: {type(exc).__name__}: {exc}",
+            ))
+    return assign_ranks(findings)

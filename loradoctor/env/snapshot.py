@@ -1,0 +1,445 @@
+"""The snapshot as data: schema tag, loading saved or pasted reports, redaction for sharing.
+
+A snapshot is a plain dict (see docs/snapshot.md). `load_snapshot` accepts what people paste into
+bug reports: a saved `loradoctor env --format json`, a bare snapshot JSON, the text of
+`python -m torch.utils.collect_env`, or `nvidia-smi` / `nvidia-smi -q` output. The importers fill
+the fields the text shows and leave the rest out, so the same pure checks run on them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from loradoctor.errors import UserError
+from loradoctor.units import MIB, parse_size_or_none
+
+SNAPSHOT_SCHEMA = "loradoctor.snapshot/1"
+REPORT_SCHEMA = "loradoctor.env/1"
+MAX_INPUT_BYTES = 20 * MIB
+
+
+def could_not_check(reason: str) -> dict[str, str]:
+    """The shape of a section whose probe failed, timed out or does not apply."""
+    return {"error": f"could not check: {reason}"}
+
+
+def load_snapshot(path: str) -> dict:
+    """Read a snapshot from a file ('-' for stdin) in any supported format; UserError if unreadable or unknown."""
+    import sys
+
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            p = Path(path)
+            if p.is_dir():
+                raise UserError(f"{path} is a folder; give a snapshot file")
+            if p.stat().st_size > MAX_INPUT_BYTES:
+                raise UserError(f"{path} is larger than {MAX_INPUT_BYTES // MIB} MiB; not a snapshot")
+            text = p.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"no such file: {path}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    snap = parse_snapshot_text(text, name=path)
+    snap.setdefault("meta", {})["from_file"] = "stdin" if path == "-" else Path(path).name
+    return snap
+
+
+def parse_snapshot_text(text: str, name: str = "input") -> dict:
+    """Detect the format of `text` and import it."""
+    stripped = text.lstrip("\ufeff").strip()
+    if not stripped:
+        raise UserError(f"{name} is empty")
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{name} looks like JSON but does not parse: {exc.msg} at line {exc.lineno}") from None
+        if isinstance(data, dict) and isinstance(data.get("snapshot"), dict):
+            return data["snapshot"]
+        if isinstance(data, dict) and (str(data.get("schema", "")).startswith("loradoctor.snapshot") or
+                                       {"nvidia", "torch"} & set(data)):
+            return data
+        raise UserError(f"{name} is JSON but not a loradoctor snapshot (no 'snapshot' or 'schema' key)")
+    if re.search(r"^PyTorch version:", stripped, re.M) and re.search(r"^(Is CUDA available|OS):", stripped, re.M):
+        return import_collect_env(stripped)
+    if re.search(r"^\s*(==+\s*)?NVSMI LOG", stripped, re.M) or re.search(r"^Attached GPUs\s*:", stripped, re.M):
+        return import_nvidia_smi_q(stripped)
+    if re.search(r"NVIDIA-SMI \d", stripped) or re.search(r"^(NVIDIA-SMI has failed|Failed to initialize NVML)", stripped, re.M):
+        return import_nvidia_smi_table(stripped)
+    raise UserError(
+        f"{name}: unknown format; give a `loradoctor env --format json` file, `python -m torch.utils.collect_env` "
+        "output, or `nvidia-smi` / `nvidia-smi -q` output"
+    )
+
+
+def _empty(source: str) -> dict:
+    return {"schema": SNAPSHOT_SCHEMA, "meta": {"source": source}}
+
+
+# ------------------------------------------------------------- collect_env
+
+
+def _field(text: str, label: str) -> Optional[str]:
+    m = re.search(rf"^{re.escape(label)}:[ \t]*(.*)$", text, re.M)
+    if not m:
+        return None
+    value = m.group(1).strip()
+    return None if value in ("", "N/A", "Could not collect", "None") else value
+
+
+def import_collect_env(text: str) -> dict:
+    """`python -m torch.utils.collect_env` output (torch 1.x to 2.x eras) -> snapshot."""
+    snap = _empty("collect_env")
+    os_line = _field(text, "OS") or ""
+    py = _field(text, "Python version") or ""
+    platform = _field(text, "Python platform") or ""
+    snap["system"] = {
+        "os": os_line,
+        "python": py.split(" ")[0] if py else None,
+        "platform": platform or None,
+        "wsl": "microsoft" in platform.lower() or "wsl" in platform.lower(),
+    }
+    version = _field(text, "PyTorch version")
+    cuda = _field(text, "CUDA used to build PyTorch")
+    available = _field(text, "Is CUDA available")
+    torch: dict[str, Any] = {"installed": version is not None, "version": version}
+    if version is not None:
+        torch["cuda_version"] = cuda
+    hip = _field(text, "ROCM used to build PyTorch")
+    if hip:
+        torch["hip_version"] = hip
+    if available is not None:
+        torch["cuda_available"] = available.lower() == "true"
+    gpu_names = _collect_env_gpus(text)
+    if torch.get("cuda_available") is not None:
+        torch["device_count"] = len(gpu_names) if torch["cuda_available"] else 0
+    torch["devices"] = [{"index": i, "name": n} for i, n in enumerate(gpu_names)]
+    cudnn = _collect_env_cudnn(text)
+    if cudnn:
+        torch["cudnn_version"] = cudnn
+    snap["torch"] = torch
+
+    driver = _field(text, "Nvidia driver version")
+    from loradoctor.env.checks import gpu_cc_from_name
+
+    nv: dict[str, Any] = {"source": "collect_env"}
+    if driver:
+        nv["driver_version"] = driver
+    if gpu_names:
+        nv["gpus"] = [{"index": i, "name": n, "compute_capability": gpu_cc_from_name(n)} for i, n in enumerate(gpu_names)]
+    elif not driver:
+        nv = could_not_check("collect_env shows no NVIDIA driver or GPU")
+    snap["nvidia"] = nv
+    snap["packages"] = _collect_env_packages(text)
+    if version and "torch" not in snap["packages"]:
+        snap["packages"]["torch"] = version
+    return snap
+
+
+def _collect_env_gpus(text: str) -> list[str]:
+    m = re.search(r"^GPU models and configuration:[ \t]*(.*)$", text, re.M)
+    if not m:
+        return []
+    names = []
+    first = m.group(1).strip()
+    lines = [first] if first else []
+    # Multi-GPU reports continue on the next lines ("GPU 1: ..."); stop at the next "Label:" line.
+    for line in text[m.end():].splitlines()[1:]:
+        if re.match(r"^GPU \d+:", line.strip()):
+            lines.append(line.strip())
+        else:
+            break
+    for line in lines:
+        gm = re.match(r"^GPU \d+:\s*(.+?)(?:\s*\(UUID:.*\))?$", line)
+        if gm:
+            names.append(gm.group(1).strip())
+        elif line and line not in ("Could not collect", "N/A") and not line.startswith("GPU"):
+            names.append(line)  # single-GPU style of old releases: just the name
+    return names
+
+
+def _collect_env_cudnn(text: str) -> Optional[str]:
+    m = re.search(r"^cuDNN version:[ \t]*(.*)$", text, re.M)
+    if not m:
+        return None
+    value = m.group(1).strip()
+    if value.startswith("Probably one of the following"):
+        tail = text[m.end():].splitlines()[1:4]
+        versions = [re.search(r"\.so\.(\d+(?:\.\d+)*)", ln) for ln in tail]
+        found = [v.group(1) for v in versions if v]
+        return found[-1] if found else None
+    if value in ("", "Could not collect", "N/A"):
+        return None
+    v = re.search(r"(\d+\.\d+(?:\.\d+)?)", value)
+    return v.group(1) if v else value
+
+
+def _collect_env_packages(text: str) -> dict[str, str]:
+    pkgs: dict[str, str] = {}
+    for m in re.finditer(r"^\[(pip\d?|conda)\]\s+(\S+)\s+(\S+)", text, re.M):
+        manager, name, version = m.groups()
+        if manager.startswith("pip") and "==" in name:
+            n, _, v = name.partition("==")
+            pkgs.setdefault(_norm(n), v)
+        elif manager == "conda":
+            pkgs.setdefault(_norm(name), version)
+    for m in re.finditer(r"^\[pip\d?\]\s+(\S+)==(\S+)\s*$", text, re.M):
+        pkgs.setdefault(_norm(m.group(1)), m.group(2))
+    return pkgs
+
+
+def _norm(name: str) -> str:
+    name = re.sub(r"[-_.]+", "-", name.lower())
+    return {"pytorch": "torch", "flash-attn": "flash-attn"}.get(name, name)
+
+
+# ------------------------------------------------------------- nvidia-smi (table)
+
+_SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+CUDA Version:\s*([\d.]+|N/A)")
+_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|")
+_SMI_USE_ROW = re.compile(
+    r"^\|\s*(\S+)\s+(\d+)C\s+(P\d+|\S+)\s+(?:(\d+)W\s*/\s*(\d+)W|N/A\s*/\s*N/A|\S+\s*/\s*\S+)?\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
+_SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|")
+
+
+def import_nvidia_smi_table(text: str) -> dict:
+    """The default `nvidia-smi` table (R470 to R580 layouts) -> snapshot (nvidia section only)."""
+    snap = _empty("nvidia-smi")
+    nv: dict[str, Any] = {"source": "nvidia-smi"}
+    err = re.search(r"^(NVIDIA-SMI has failed.*|Failed to initialize NVML:.*)$", text, re.M)
+    if err:
+        snap["nvidia"] = could_not_check(err.group(1).strip())
+        return snap
+    h = _SMI_HEADER.search(text)
+    if h:
+        nv["driver_version"] = h.group(2)
+        if h.group(3) != "N/A":
+            nv["cuda_driver_version"] = h.group(3)
+    from loradoctor.env.checks import gpu_cc_from_name
+
+    gpus: list[dict] = []
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        m = _SMI_GPU_ROW.match(line)
+        if m:
+            name = m.group(2).strip()
+            g: dict[str, Any] = {
+                "index": int(m.group(1)), "name": name, "bus_id": m.group(4),
+                "persistence_mode": "Enabled" if m.group(3) == "On" else "Disabled",
+                "compute_capability": gpu_cc_from_name(name),
+            }
+            ecc = m.group(5).strip()
+            if re.fullmatch(r"\d+", ecc):
+                g["ecc_uncorrected_volatile"] = int(ecc)
+            if n + 1 < len(lines):
+                u = _SMI_USE_ROW.match(lines[n + 1])
+                if u:
+                    if u.group(2):
+                        g["temperature_c"] = int(u.group(2))
+                    if u.group(4):
+                        g["power_draw_w"], g["power_limit_w"] = float(u.group(4)), float(u.group(5))
+                    g["memory_used_bytes"] = int(u.group(6)) * MIB
+                    g["memory_total_bytes"] = int(u.group(7)) * MIB
+                    g["memory_free_bytes"] = g["memory_total_bytes"] - g["memory_used_bytes"]
+                if n + 2 < len(lines) and re.search(r"\|\s+(Enabled|Disabled)\s*\|\s*$", lines[n + 2]):
+                    g["mig_mode"] = re.search(r"(Enabled|Disabled)\s*\|\s*$", lines[n + 2]).group(1)
+            g["processes"] = []
+            gpus.append(g)
+    in_procs = False
+    for line in lines:
+        if re.search(r"\|\s*Processes:", line):
+            in_procs = True
+            continue
+        if in_procs:
+            p = _SMI_PROC.match(line)
+            if p:
+                idx = int(p.group(1))
+                used = p.group(7)
+                for g in gpus:
+                    if g["index"] == idx:
+                        g["processes"].append({
+                            "pid": int(p.group(4)), "name": p.group(6).strip(), "type": p.group(5),
+                            "used_bytes": int(used) * MIB if used.isdigit() else None, "ours": False,
+                        })
+    nv["gpus"] = gpus
+    if not gpus and re.search(r"No devices were found", text):
+        nv["gpus"] = []
+    snap["nvidia"] = nv
+    return snap
+
+
+# ------------------------------------------------------------- nvidia-smi -q
+
+
+def _q_tree(text: str) -> list[tuple[int, str, Optional[str]]]:
+    """Flatten `nvidia-smi -q` into (indent, key, value-or-None) rows; sections have value None."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().startswith("==") or line.strip().startswith("Timestamp"):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if " : " in line or line.rstrip().endswith(":"):
+            key, _, value = line.strip().partition(":")
+            rows.append((indent, key.strip(), value.strip()))
+        else:
+            rows.append((indent, line.strip(), None))
+    return rows
+
+
+def import_nvidia_smi_q(text: str) -> dict:
+    """`nvidia-smi -q` (R450 to R580 layouts) -> snapshot (nvidia section only)."""
+    from loradoctor.env.checks import gpu_cc_from_name
+
+    snap = _empty("nvidia-smi -q")
+    nv: dict[str, Any] = {"source": "nvidia-smi -q", "gpus": []}
+    rows = _q_tree(text)
+    gpu: Optional[dict] = None
+    path: list[tuple[int, str]] = []  # stack of (indent, section name)
+    proc: Optional[dict] = None
+    for indent, key, value in rows:
+        while path and path[-1][0] >= indent:
+            path.pop()
+        if indent == 0 and key.startswith("GPU ") and value is None:
+            gpu = {"index": len(nv["gpus"]), "bus_id": key[4:].strip(), "processes": [], "throttle_reasons": []}
+            nv["gpus"].append(gpu)
+            path = []
+            continue
+        if value is None or value == "":
+            path.append((indent, key))
+            if gpu is not None and key == "Process ID" and value == "":
+                pass
+            continue
+        sect = " / ".join(name for _, name in path)
+        if gpu is None:
+            if key == "Driver Version":
+                nv["driver_version"] = value
+            elif key == "CUDA Version" and value != "N/A":
+                nv["cuda_driver_version"] = value
+            continue
+        _q_gpu_field(gpu, sect, key, value)
+        if "Processes" in sect:
+            if key == "Process ID":
+                proc = {"pid": int(value) if value.isdigit() else None, "ours": False}
+                gpu["processes"].append(proc)
+            elif proc is not None and key == "Name":
+                proc["name"] = value
+            elif proc is not None and key == "Type":
+                proc["type"] = value
+            elif proc is not None and key == "Used GPU Memory":
+                proc["used_bytes"] = parse_size_or_none(value)
+    for g in nv["gpus"]:
+        if g.get("name") and not g.get("compute_capability"):
+            g["compute_capability"] = gpu_cc_from_name(g["name"])
+        if g.get("memory_total_bytes") is not None and g.get("memory_used_bytes") is not None and g.get("memory_free_bytes") is None:
+            g["memory_free_bytes"] = g["memory_total_bytes"] - g["memory_used_bytes"]
+    snap["nvidia"] = nv
+    return snap
+
+
+_THROTTLE_NAMES = {
+    "Idle": "gpu_idle", "Applications Clocks Setting": "applications_clocks_setting", "SW Power Cap": "sw_power_cap",
+    "HW Slowdown": "hw_slowdown", "HW Thermal Slowdown": "hw_thermal_slowdown", "HW Power Brake Slowdown": "hw_power_brake_slowdown",
+    "Sync Boost": "sync_boost", "SW Thermal Slowdown": "sw_thermal_slowdown", "Display Clock Setting": "display_clock_setting",
+}
+
+
+def _int(value: str) -> Optional[int]:
+    m = re.match(r"^\s*(\d+)", value)
+    return int(m.group(1)) if m else None
+
+
+def _float(value: str) -> Optional[float]:
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)", value)
+    return float(m.group(1)) if m else None
+
+
+def _q_gpu_field(g: dict, sect: str, key: str, value: str) -> None:
+    top = sect.split(" / ")[0] if sect else ""
+    if not sect:
+        simple = {"Product Name": "name", "GPU UUID": "uuid", "Persistence Mode": "persistence_mode",
+                  "Minor Number": "minor_number"}
+        if key in simple:
+            g[simple[key]] = value
+        elif key == "Compute Capability" or key == "GPU Compute Capability":
+            g["compute_capability"] = value
+        return
+    if top == "MIG Mode" and key == "Current":
+        g["mig_mode"] = value
+    elif top == "FB Memory Usage":
+        size = parse_size_or_none(value)
+        if key in ("Total", "Used", "Free") and size is not None:
+            g[f"memory_{key.lower()}_bytes"] = size
+    elif top in ("Clocks Event Reasons", "Clocks Throttle Reasons") and key in _THROTTLE_NAMES and value == "Active":
+        g["throttle_reasons"].append(_THROTTLE_NAMES[key])
+    elif top == "Temperature":
+        names = {"GPU Current Temp": "temperature_c", "GPU Slowdown Temp": "slowdown_temp_c", "GPU Shutdown Temp": "shutdown_temp_c"}
+        if key in names and _int(value) is not None:
+            g[names[key]] = _int(value)
+    elif top in ("Power Readings", "GPU Power Readings"):
+        if key in ("Power Draw", "Average Power Draw") and _float(value) is not None:
+            g["power_draw_w"] = _float(value)
+        elif key in ("Power Limit", "Current Power Limit", "Enforced Power Limit") and _float(value) is not None:
+            g.setdefault("power_limit_w", _float(value))
+    elif top == "PCI" and "PCIe Generation" in sect:
+        if key in ("Current", "Device Current") and _int(value):
+            g["pcie_gen_current"] = _int(value)
+        elif key in ("Max", "Device Max") and _int(value):
+            g.setdefault("pcie_gen_max", _int(value))
+    elif top == "PCI" and "Link Width" in sect:
+        if key == "Current" and _int(value):
+            g["pcie_width_current"] = _int(value)
+        elif key == "Max" and _int(value):
+            g["pcie_width_max"] = _int(value)
+    elif top == "ECC Mode" and key == "Current":
+        g["ecc_mode"] = value
+    elif top == "ECC Errors" and _int(value) is not None:
+        # Old layout: Volatile / Double Bit / Total; new layout: Volatile / DRAM Uncorrectable etc.
+        scope = "volatile" if "Volatile" in sect else "aggregate" if "Aggregate" in sect else None
+        if scope is None:
+            return
+        unc = ("Double Bit" in sect and key == "Total") or key in ("DRAM Uncorrectable", "SRAM Uncorrectable",
+                                                                    "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED")
+        cor = ("Single Bit" in sect and key == "Total") or key in ("DRAM Correctable", "SRAM Correctable")
+        if unc:
+            g[f"ecc_uncorrected_{scope}"] = g.get(f"ecc_uncorrected_{scope}", 0) + _int(value)
+        elif cor:
+            g[f"ecc_corrected_{scope}"] = g.get(f"ecc_corrected_{scope}", 0) + _int(value)
+    elif top == "Retired Pages":
+        if "Single Bit" in key and _int(value) is not None:
+            g["retired_pages_sbe"] = _int(value)
+        elif "Double Bit" in key and _int(value) is not None:
+            g["retired_pages_dbe"] = _int(value)
+        elif key.startswith("Pending"):
+            g["retired_pages_pending"] = value.lower() == "yes"
+    elif top == "Remapped Rows":
+        if key == "Correctable Error" and _int(value) is not None:
+            g["remapped_rows_correctable"] = _int(value)
+        elif key == "Uncorrectable Error" and _int(value) is not None:
+            g["remapped_rows_uncorrectable"] = _int(value)
+        elif key == "Pending":
+            g["remapped_rows_pending"] = value.lower() == "yes"
+        elif key == "Remapping Failure Occurred":
+            g["remapped_rows_failure"] = value.lower() == "yes"
+
+
+# ------------------------------------------------------------- redaction
+
+_UUID = re.compile(r"\b(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
+_HOME = re.compile(r"(/home/|/Users/|C:\\\\Users\\\\|C:\\Users\\)[^/\\\s\"']+")
+
+
+def redact(snapshot: dict) -> dict:
+    """A copy safe to paste publicly: GPU UUIDs, the host name and home-directory user names replaced."""
+    host = str(snapshot.get("system", {}).get("hostname") or "") if isinstance(snapshot.get("system"), dict) else ""
+    text = json.dumps(snapshot)
+    text = _UUID.sub(lambda m: f"{m.group(1)}-<redacted>", text)
+    text = _HOME.sub(lambda m: m.group(1) + "<user>", text)
+    text = text.replace("/root/", "/<home>/")
+    if host:
+        text = text.replace(json.dumps(host)[1:-1], "<host>")
+    return json.loads(text)
