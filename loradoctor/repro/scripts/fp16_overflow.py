@@ -148,8 +148,9 @@ def main():
     if not chosen["loss_finite"]:
         emit("FAIL", f"{setup}: the loss is not finite ({chosen['losses']})", evidence, numbers)
     other = "fp16 overflows to inf here" if not arms["fp16"]["loss_finite"] else "fp16 stays finite at this value"
-    emit("PASS", f"{setup} trains with finite values at {value:g} ({value * value:g} > {FP16_MAX:g}: "
-                 f"{overflow}); {other}", evidence, numbers)
+    relation = "past" if overflow else "within"
+    emit("PASS", f"{setup} trains with finite values at {value:g} ({value:g}^2 = {value * value:g} is {relation} "
+                 f"fp16's {FP16_MAX:g}); {other}", evidence, numbers)
 
 
 run_main(main)
