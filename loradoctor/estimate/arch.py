@@ -57,6 +57,8 @@ class Arch:
     experts_per_token: int = 0
     moe_intermediate: int = 0  # per-expert width when it differs from intermediate
     fused: bool = False  # Phi-3: qkv_proj and gate_up_proj are single Linear layers
+    attn_softcap: float = 0.0  # Gemma-2 tanh-caps attention scores (needs eager attention to apply it)
+    final_softcap: float = 0.0  # Gemma-2 tanh-caps the logits
     source: str = "preset"  # where the numbers came from: a file path, 'hf-cache:<path>' or 'preset:<name>'
 
     @property
@@ -191,6 +193,8 @@ def arch_from_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
         experts_per_token=int(pick("num_experts_per_tok", "moe_top_k", default=0) or 0),
         moe_intermediate=int(cfg.get("moe_intermediate_size") or 0),
         fused=model_type in ("phi3",),
+        attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+        final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
         source=source,
     )
 
@@ -297,6 +301,8 @@ def arch_from_preset(name: str) -> Arch:
         experts_per_token=int(spec.get("experts_per_token", 0)),
         moe_intermediate=int(spec.get("moe_intermediate", 0)),
         fused=bool(spec.get("fused", False)),
+        attn_softcap=float(spec.get("attn_softcap", 0.0)),
+        final_softcap=float(spec.get("final_softcap", 0.0)),
         source=f"preset:{name}",
     )
 

@@ -169,6 +169,9 @@ def validate(inp: EstimateInputs) -> EstimateInputs:
         raise UserError("full fine-tuning of a quantized model is not possible; use --method qlora or --quant none")
     if inp.method == "lora" and quant in ("nf4", "fp4"):
         inp = replace(inp, method="qlora")
+    if inp.framework == "litgpt" and inp.arch.tied:
+        # litgpt (2023-2024) converts tied checkpoints into a separate lm_head copy
+        inp = replace(inp, arch=replace(inp.arch, tied=False))
     targets = resolve_targets(inp.arch, inp.targets) if inp.method != "full" else tuple(inp.targets)
     return replace(inp, quant=quant, targets=targets, optim=normalize_optim(inp.optim))
 
@@ -336,9 +339,12 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
     mlp_input = 0 if arch.parallel_residual else a * h
     parts["linear inputs"] = a * h + mlp_input + a * k_active * h * (1 if arch.experts else 0)
     # attention: q, k, v after RoPE, output and logsumexp; sdpa/eager expand k/v to all heads (repeat_kv)
-    kv_saved = qd if inp.attn in ("sdpa", "eager") else kvd
-    if inp.attn == "eager":
-        parts["attention"] = a * (2 * qd + kv_saved) + arch.heads * s * (4 + a)
+    eager = inp.attn == "eager" or (arch.attn_softcap > 0 and inp.framework == "litgpt")
+    kv_saved = qd if (inp.attn == "sdpa" or eager) else kvd
+    if eager:
+        # scores -> (tanh soft-cap) -> fp32 softmax saved -> half copy saved for probs @ v
+        capped = a if arch.attn_softcap > 0 else 0
+        parts["attention"] = a * (2 * qd + kv_saved) + arch.heads * s * (4 + a + capped)
     else:
         parts["attention"] = a * (qd + 2 * kv_saved + qd) + 4 * arch.heads
     # o_proj input: a copy (transpose + reshape) except with flash-attn's (b, s, h, d) output
@@ -381,7 +387,6 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     if inp.gradient_checkpointing:
         kept_layers = min(arch.layers, 2) if inp.activation_offloading else arch.layers
         saved["checkpointed hidden states"] = int(kept_layers * a * arch.hidden * tokens)
-        saved["one layer recomputed"] = int(per_layer * tokens)
     else:
         saved[f"activations ({arch.layers} layers)"] = int(arch.layers * per_layer * tokens)
     # final norm + lm_head input; LoRA on lm_head
@@ -389,19 +394,50 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     if "lm_head" in inp.targets and inp.method != "full":
         lm_extra += _lora_saved_per_input(inp, arch.hidden) + a * inp.rank
     saved["final norm, lm_head input"] = int(lm_extra * tokens)
-    # logits + cross-entropy: HF/torchtune upcast logits to fp32 (copy, log_softmax output, its gradient);
-    # chunked losses keep half-precision logits and upcast one chunk at a time.
+    # logits + cross-entropy: HF/torchtune upcast logits to fp32 (copy, log_softmax output, its gradient:
+    # about 12 bytes per logit at the start of backward); litgpt keeps bf16 logits and a bf16 log_softmax;
+    # torchtune's chunked loss keeps bf16 logits and upcasts one of 8 chunks at a time.
     chunked = inp.chunked_ce if inp.chunked_ce is not None else inp.framework == "litgpt"
     v = arch.vocab
     if chunked:
-        per_logit = 2 * a if inp.framework == "litgpt" else a + (1 if inp.torch_compile else 4)
+        per_logit = 2 * a if inp.framework == "litgpt" else a + (0.5 if inp.torch_compile else 1.5)
     else:
         per_logit = 12 if a == 2 else 16
-    transient["logits + cross-entropy"] = int(per_logit * v * tokens)
-    # backward working set of one layer: gradients of the MLP intermediate and the hidden state
+    if arch.final_softcap > 0:
+        per_logit += a  # tanh(logits / cap) is saved for backward
+    ce = int(per_logit * v * tokens)
+    dq = dequant_buffer_bytes(inp)
+    lm_head_quantized = inp.quant != "none" and inp.framework == "litgpt" and not arch.tied
+    if lm_head_quantized:
+        ce += dq  # the lm_head is dequantized again for its backward while the logit gradients are alive
+    # backward of one layer: its recomputed activations (checkpointing), gradients of the MLP intermediate
+    # and the hidden state, and a dequantized weight for 4-bit layers
     width = arch.expert_width * (arch.experts_per_token if arch.experts else 1)
-    transient["backward working set"] = int(tokens * (3 * a * width + 4 * a * arch.hidden))
+    layer = int(tokens * (3 * a * width + 4 * a * arch.hidden))
+    if inp.gradient_checkpointing:
+        layer += int(per_layer * tokens)
+    if inp.quant != "none" and not lm_head_quantized:
+        layer += dq
+    # the loss is freed before the layers run backward: the peak is the larger of the two moments
+    if ce >= layer:
+        transient["logits + cross-entropy"] = ce
+    else:
+        transient["one layer's backward" + (" (recomputed)" if inp.gradient_checkpointing else "")] = layer
     return saved, transient
+
+
+def dequant_buffer_bytes(inp: EstimateInputs) -> int:
+    """bitsandbytes dequantizes a 4-bit/8-bit weight to a full matrix for every matmul (forward and backward).
+    In the weight's original dtype (fp32 for litgpt checkpoints loaded under Fabric's plugin) plus the cast
+    to the compute dtype; HF loads in half precision so there is one half-precision copy."""
+    if inp.quant == "none":
+        return 0
+    arch = inp.arch
+    largest = max(i * o for i, o, _ in arch.linear_modules().values())
+    if inp.framework == "litgpt" and not arch.tied:
+        largest = max(largest, arch.vocab * arch.hidden)
+    per_param = 6 if inp.framework == "litgpt" else 2
+    return per_param * largest
 
 
 # --- the estimate --------------------------------------------------------------------------------

@@ -1,0 +1,256 @@
+"""Accuracy of `loradoctor estimate` on measured runs, and its speed.
+
+    python benchmarks/estimate_accuracy.py [TRUTH.yaml] [--json] [--no-speed]
+
+TRUTH defaults to /work/shared/estimate/dev_truth.yaml (litgpt and torchtune tables). For each point the
+configuration described in the file (framework, precision, optimizer, quantization, LoRA targets,
+checkpointing, compile / chunked loss / offloading extras) becomes an EstimateInputs; the prediction
+of the point's own metric (max allocated, reserved, or device in use; 'active' is read as allocated;
+an unstated type as reserved) is printed in the point's unit (GB = 1e9, GiB = 2**30) next to the
+measurement. Errors are (predicted - measured) / measured.
+
+OOM points (measured_gb: null) are judged separately: a hit when the predicted device use exceeds the
+card's memory (from the point's gpu name, else gpu_memory_gb), a miss otherwise. They are not in the
+median / p90.
+
+The speed check times `python -m loradoctor estimate ...` against a bare `python -c pass`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from loradoctor.estimate.arch import Arch, find_preset, arch_from_preset  # noqa: E402
+from loradoctor.estimate.fit import find_gpu, gpu_table  # noqa: E402
+from loradoctor.estimate.memory import EstimateInputs, estimate  # noqa: E402
+
+DEFAULT_TRUTH = Path("/work/shared/estimate/dev_truth.yaml")
+
+
+def arch_for(point: dict[str, Any]) -> Arch:
+    """The point's own shape numbers (they are what the run used), with family traits from its id/notes."""
+    m = point["model"]
+    hf_id = m["hf_id"]
+    low = hf_id.lower()
+    note = (m.get("arch_note") or "").lower()
+    vocab = m["vocab_size"]
+    if "pads vocab to" in note:
+        vocab = int(note.split("pads vocab to")[1].split()[0].strip(";,"))
+    plain = any(k in low for k in ("phi-1_5", "phi-2", "stablelm", "falcon"))
+    parallel_shared = any(k in low for k in ("phi-1_5", "phi-2", "falcon"))  # one norm feeds attention and MLP
+    kw = dict(
+        name=hf_id,
+        hidden=m["hidden_size"],
+        intermediate=m["intermediate_size"],
+        layers=m["num_layers"],
+        heads=m["num_attention_heads"],
+        kv_heads=m["num_kv_heads"],
+        vocab=vocab,
+        head_dim=m.get("head_dim") or 0,
+        tied=bool(m.get("tie_word_embeddings", False)),
+        mlp="plain" if plain else "gated",
+        norm="layer" if plain else "rms",
+        norms_per_layer=1 if parallel_shared else (4 if "gemma-2" in low else 2),
+        parallel_residual=parallel_shared,
+        source=f"dev_truth:{point['id']}",
+    )
+    preset = find_preset(hf_id)
+    if preset:
+        p = arch_from_preset(preset)
+        kw["attn_bias"] = p.attn_bias
+        kw["attn_softcap"] = p.attn_softcap
+        kw["final_softcap"] = p.final_softcap
+    return Arch(**kw)
+
+
+def targets_for(point: dict[str, Any], arch: Arch) -> tuple[str, ...]:
+    out: list[str] = []
+    for t in (point.get("lora") or {}).get("target_modules") or []:
+        t = t.lower()
+        if "lm_head" in t or t.startswith("output (") or t == "output":
+            out.append("lm_head")
+        elif "mlp" in t or "w1" in t:
+            out += ["gate_proj", "up_proj", "down_proj"] if arch.mlp == "gated" else ["up_proj", "down_proj"]
+        elif "output_proj" in t or t.startswith("o_proj"):
+            out.append("o_proj")
+        elif t.startswith("q"):
+            out.append("q_proj")
+        elif t.startswith("k"):
+            out.append("k_proj")
+        elif t.startswith("v"):
+            out.append("v_proj")
+        else:
+            raise ValueError(f"{point['id']}: unknown target {t!r}")
+    return tuple(dict.fromkeys(out))
+
+
+def inputs_for(point: dict[str, Any]) -> EstimateInputs:
+    arch = arch_for(point)
+    fw_text = point["framework"].lower()
+    framework = "torchtune" if "torchtune" in fw_text else "litgpt" if "lit" in fw_text else "hf"
+    prec_text = point["precision"].lower()
+    if "true" in prec_text or "pure" in prec_text:
+        precision = "bf16-true"
+    elif "mixed" in prec_text:
+        precision = "bf16"
+    else:
+        precision = "bf16"
+    opt_text = point["optimizer"].lower()
+    if "8-bit" in opt_text or "8bit" in opt_text:
+        optim = "paged_adamw_8bit" if "paged" in opt_text else "adamw_8bit"
+    elif "paged" in opt_text:
+        optim = "paged_adamw_32bit"
+    else:
+        optim = "adamw_torch"
+    q_text = str(point.get("quantization") or "none").lower()
+    quant = "nf4" if "nf4" in q_text else "8bit" if "int8" in q_text else "none"
+    # torchao NF4 quantizes its block scalers too (double-quant-like)
+    double_quant = "double" in q_text or "torchao" in q_text
+    lora = point.get("lora") or {}
+    extras = point.get("extras") or {}
+    method = point["method"]
+    return EstimateInputs(
+        arch=arch,
+        method=method,
+        quant=quant,
+        double_quant=double_quant,
+        rank=int(lora.get("rank") or 8),
+        alpha=int(lora.get("alpha") or 16),
+        dropout=float(lora.get("dropout") or 0.0),
+        targets=targets_for(point, arch) if method != "full" else (),
+        batch=int(point["batch_size"]),
+        seq_len=int(point["seq_len"]),
+        gradient_checkpointing=bool(point.get("gradient_checkpointing")),
+        attn="eager" if "eager" in str(point.get("attention_impl")).lower() else "sdpa",
+        optim=optim,
+        precision=precision,
+        framework=framework,
+        torch_compile=bool(extras.get("torch_compile", False)),
+        chunked_ce=("chunked" in str(extras.get("loss", "")).lower()) if "loss" in extras else None,
+        activation_offloading=bool(extras.get("activation_offloading", False)),
+        optimizer_in_backward=bool(extras.get("optimizer_in_backward", False))
+        or "optimizer_in_bwd=true" in opt_text.replace(" ", ""),
+    )
+
+
+def metric_for(point: dict[str, Any]) -> str:
+    text = str(point.get("measured_metric") or "").lower()
+    if "allocated" in text or "active" in text:
+        return "allocated"
+    if "nvidia-smi" in text or "device" in text:
+        return "device"
+    return "reserved"  # 'reserved', or a type not stated (torchtune tables quote reserved)
+
+
+def unit_bytes(point: dict[str, Any]) -> float:
+    text = str(point.get("unit") or "").lower()
+    if text.startswith("gb") or "likely gb" in text:
+        return 1e9
+    if "gib" in text:
+        return float(1 << 30)
+    return 1e9
+
+
+def card_bytes(point: dict[str, Any]) -> Optional[int]:
+    card = find_gpu(str(point.get("gpu") or ""))
+    if card:
+        return int(gpu_table()[card]["memory_mib"]) << 20
+    if point.get("gpu_memory_gb"):
+        return int(point["gpu_memory_gb"] * 1e9)
+    return None
+
+
+def evaluate(truth_path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(truth_path.read_text())
+    rows: list[dict[str, Any]] = []
+    for point in data["points"]:
+        inp = inputs_for(point)
+        est = estimate(inp)
+        metric = metric_for(point)
+        unit = unit_bytes(point)
+        pred = est.metric(metric) / unit
+        row: dict[str, Any] = {"id": point["id"], "metric": metric, "unit": "GB" if unit == 1e9 else "GiB",
+                               "predicted": round(pred, 2), "measured": point.get("measured_gb"),
+                               "confidence": point.get("confidence")}
+        if point.get("measured_gb") is None:
+            card = card_bytes(point)
+            row["card_bytes"] = card
+            row["oom_hit"] = None if card is None else est.device_used_bytes > card
+            row["predicted_device_gib"] = round(est.device_used_bytes / 2**30, 2)
+        else:
+            row["error"] = (pred - point["measured_gb"]) / point["measured_gb"]
+        rows.append(row)
+    errs = [abs(r["error"]) for r in rows if "error" in r]
+    errs_sorted = sorted(errs)
+    p90 = errs_sorted[min(len(errs_sorted) - 1, int(round(0.9 * (len(errs_sorted) - 1))))]
+    ooms = [r for r in rows if "oom_hit" in r]
+    return {
+        "points": rows,
+        "n_measured": len(errs),
+        "median_abs_error": statistics.median(errs),
+        "p90_abs_error": p90,
+        "mean_signed_error": statistics.mean(r["error"] for r in rows if "error" in r),
+        "oom_points": len(ooms),
+        "oom_hits": sum(1 for r in ooms if r["oom_hit"]),
+    }
+
+
+def speed(repeats: int = 5) -> dict[str, float]:
+    """Median wall time of the estimate command and of a bare interpreter start."""
+    def timed(args: list[str]) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run(args, capture_output=True, cwd=str(ROOT), check=False)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    bare = timed([sys.executable, "-c", "pass"])
+    cmd = timed([sys.executable, "-m", "loradoctor", "estimate", "--model", "meta-llama/Llama-3.1-8B",
+                 "--method", "qlora", "--gpu", "RTX 4090", "--format", "json"])
+    return {"bare_python_s": bare, "estimate_s": cmd, "estimate_minus_bare_s": cmd - bare}
+
+
+def main(argv: list[str]) -> int:
+    as_json = "--json" in argv
+    args = [a for a in argv if not a.startswith("--")]
+    truth = Path(args[0]) if args else DEFAULT_TRUTH
+    result = evaluate(truth)
+    if "--no-speed" not in argv:
+        result["speed"] = speed()
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{'point':48} {'metric':9} {'unit':4} {'pred':>7} {'meas':>7} {'error':>7}")
+    for r in result["points"]:
+        if "error" in r:
+            print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {r['predicted']:7.2f} {r['measured']:7.2f} {r['error']:+7.1%}")
+        else:
+            verdict = "?" if r["oom_hit"] is None else ("OOM predicted (hit)" if r["oom_hit"] else "fit predicted (MISS)")
+            card = "?" if r["card_bytes"] is None else f"{r['card_bytes'] / 2**30:.1f} GiB card"
+            print(f"{r['id']:48} {'OOM':9} {'':4} {r['predicted_device_gib']:6.2f}G {'':>7} {verdict} ({card})")
+    print()
+    print(f"measured points: {result['n_measured']}  median |error|: {result['median_abs_error']:.1%}  "
+          f"p90 |error|: {result['p90_abs_error']:.1%}  mean signed error: {result['mean_signed_error']:+.1%}")
+    print(f"OOM points: {result['oom_points']}, predicted as OOM: {result['oom_hits']}")
+    if "speed" in result:
+        s = result["speed"]
+        print(f"speed: estimate {s['estimate_s']:.3f}s, bare python {s['bare_python_s']:.3f}s, "
+              f"difference {s['estimate_minus_bare_s']:.3f}s (target < 0.3 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
