@@ -1,0 +1,481 @@
+"""The log engine: read inputs once, extract facts, fire rules, rank findings (docs/rules.md).
+
+Data flow: raw blocks -> candidate segments (one combined prefilter of every rule's literals and
+every extractor's trigger words) -> normalised `Line`s -> facts + per-rule pattern hits ->
+findings -> ranking. Lines no rule or extractor could care about are never decoded, which is
+what makes a gigabyte of progress bars cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from functools import cmp_to_key
+from typing import Any, Callable, Iterable, Optional
+
+from loradoctor.findings import Evidence, Finding, confidence_label
+from loradoctor.logs import reader
+from loradoctor.logs.facts import TRIGGER_LITERALS, FactCollector, Facts
+from loradoctor.logs.factnames import group_of
+from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
+from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
+
+NUMBERS_BONUS = 0.3  # a `when` that held on numbers from the log: facts beat keywords
+ENV_BONUS = 0.1  # env facts count as evidence too
+GENERIC_PENALTY = 1.0
+SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
+MAX_MATCH_EVIDENCE = 5
+
+GROUP_NAMES = {
+    "oom": "the OOM message", "memsum": "the memory summary", "metrics": "the training metrics",
+    "peft": "the PEFT parameter count", "trace": "the traceback", "xid": "the kernel Xid lines",
+    "dist": "the torchrun/NCCL lines", "killed": "the kernel and launcher kill lines",
+    "code43": "the Code 43 line", "input": "the input", "env": "the environment snapshot",
+}
+
+
+@dataclass
+class ExplainReport:
+    """What `explain` found. `findings` are ranked (rank 1 = most likely root cause)."""
+
+    inputs: list[dict]
+    findings: list[Finding]
+    unrecognised_tail: list[Evidence] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    series: dict[str, list] = field(default_factory=dict)
+    rules_checked: int = 0
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "inputs": self.inputs,
+            "findings": [f.to_dict() for f in self.findings],
+            "unrecognised_tail": [{"file": e.file, "line": e.line, "text": e.text} for e in self.unrecognised_tail],
+            "facts": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in self.facts.items()},
+            "series": self.series,
+            "rules_checked": self.rules_checked,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# matching
+
+@dataclass
+class _RuleState:
+    matches: list = field(default_factory=list)  # (Line, match)
+    required: list = field(default_factory=list)  # bool per require_all
+    excluded: bool = False
+
+
+class Matcher:
+    """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
+
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+        targets: dict[tuple[str, bool], set] = {}
+        for i, rule in enumerate(rules):
+            for text, ci in rule.literals:
+                targets.setdefault((text.lower() if ci else text, ci), set()).add(("p", i, 0))
+            for j, lits in enumerate(rule.require_literals):
+                for text, ci in lits:
+                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("r", i, j))
+            for j, lits in enumerate(rule.exclude_literals):
+                for text, ci in lits:
+                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
+        # a line that contains literal K also contains every literal inside K
+        closed: dict[tuple[str, bool], set] = {}
+        keys = list(targets)
+        for key in keys:
+            text, ci = key
+            acc = set()
+            for other in keys:
+                o_text, o_ci = other
+                if (o_ci and o_text in text.lower()) or (not o_ci and not ci and o_text in text):
+                    acc |= targets[other]
+            closed[key] = acc
+        self.targets = closed
+        alternatives = []
+        for text, ci in sorted(keys, key=lambda k: -len(k[0])):
+            alternatives.append(f"(?i:{re.escape(text)})" if ci else re.escape(text))
+        self.line_re = re.compile("(?=(" + "|".join(alternatives) + "))") if alternatives else None
+        literals = [Literal(t, ci) for t, ci in keys] + [Literal(t, ci) for t, ci in TRIGGER_LITERALS]
+        self.prefilter = Prefilter(literals)
+
+    def hits(self, text: str) -> set:
+        if self.line_re is None:
+            return set()
+        found: set = set()
+        get = self.targets.get
+        for m in self.line_re.finditer(text):
+            s = m.group(1)
+            found |= get((s, False), set())
+            found |= get((s.lower(), True), set())
+        return found
+
+
+_BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
+
+
+def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:
+    """The last tqdm bar without a description before `end` in the block: (n, total)."""
+    start = max(0, end - window)
+    chunk = block[start:end]
+    best = None
+    for m in _BAR_TAIL_RE.finditer(chunk):
+        desc = m.group(1).strip()
+        if desc and re.search(rb"[A-Za-z]", desc) and not desc.lower().startswith((b"[rank", b"train", b"epoch")):
+            continue  # "Loading checkpoint shards", "Map", eval bars with names
+        best = (int(m.group(3)), int(m.group(4)))
+    return best
+
+
+def _is_bar_bytes(raw: bytes) -> bool:
+    return b"%|" in raw and reader.is_progress_bar(raw.decode("utf-8", "replace").strip())
+
+
+def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
+                progress: Optional[Callable] = None) -> list[_RuleState]:
+    """One pass over every input: feed candidate lines to the collector and the rules."""
+    matcher = Matcher(rules)
+    states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
+    oom_bar_done = False
+    for item in inputs:
+        base = 0
+        done = 0
+        ends_with_newline = True
+        for block in reader.iter_blocks(item):
+            done += len(block)
+            segments = matcher.prefilter.candidates(block)
+            pos = 0
+            count = 0
+            for seg in segments:
+                count += block.count(b"\n", pos, seg.line_start)
+                pos = seg.line_start
+                raw = block[seg.start:seg.end]
+                if not is_last_segment(block, seg) and _is_bar_bytes(raw):
+                    continue  # an intermediate progress-bar redraw
+                line = reader.make_line(raw, item.path, base + count + 1, item.rank, input_index=item.index)
+                if line.rank is not None:
+                    item.ranks.add(line.rank)
+                if not oom_bar_done and b"Tried to allocate" in raw:
+                    oom_bar_done = True
+                    bar = _last_training_bar(block, seg.start)
+                    if bar is not None:
+                        collector.set_progress(*bar)
+                collector.feed(line)
+                _match_line(line, matcher, rules, states)
+            base += count + block.count(b"\n", pos)
+            ends_with_newline = block.endswith(b"\n")
+            if progress is not None:
+                progress(item.path, done, item.bytes if not item.compressed else None)
+        item.lines = base + (0 if ends_with_newline else 1)
+    return states
+
+
+def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> None:
+    for kind, i, j in matcher.hits(line.text):
+        rule, state = rules[i], states[i]
+        if kind == "p":
+            if len(state.matches) >= MAX_MATCH_EVIDENCE:
+                continue
+            for pattern in rule.compiled_patterns:
+                m = pattern.search(line.text)
+                if m:
+                    state.matches.append((line, m))
+                    break
+        elif kind == "r":
+            if not state.required[j] and rule.compiled_require[j].search(line.text):
+                state.required[j] = True
+        elif not state.excluded and rule.compiled_exclude[j].search(line.text):
+            state.excluded = True
+
+
+# ---------------------------------------------------------------------------------------------
+# env snapshot -> env.* facts
+
+def env_facts(snapshot: Optional[dict], device_index: Optional[int] = None) -> dict[str, Any]:
+    """Map a loradoctor snapshot (docs/snapshot.md) to the env.* facts; tolerates missing keys
+    and `{"error": ...}` sections."""
+    if not isinstance(snapshot, dict):
+        return {}
+    out: dict[str, Any] = {"env.present": True}
+    nvidia = snapshot.get("nvidia") if isinstance(snapshot.get("nvidia"), dict) else {}
+    gpus = [g for g in (nvidia.get("gpus") or []) if isinstance(g, dict)]
+    if nvidia.get("driver_version"):
+        out["env.driver_version"] = str(nvidia["driver_version"])
+    if gpus:
+        gpu = next((g for g in gpus if g.get("index") == device_index), gpus[0])
+        if gpu.get("name"):
+            out["env.gpu_name"] = gpu["name"]
+        try:
+            if gpu.get("compute_capability") is not None:
+                out["env.compute_capability"] = float(gpu["compute_capability"])
+        except (TypeError, ValueError):
+            pass
+        if isinstance(gpu.get("memory_total_bytes"), int):
+            out["env.gpu_total_bytes"] = gpu["memory_total_bytes"]
+        others = [p.get("used_bytes") for g in gpus for p in (g.get("processes") or [])
+                  if isinstance(p, dict) and not p.get("ours") and isinstance(p.get("used_bytes"), int)]
+        if any("processes" in g and isinstance(g.get("processes"), list) for g in gpus):
+            out["env.other_process_bytes"] = sum(others)
+    torch = snapshot.get("torch") if isinstance(snapshot.get("torch"), dict) else {}
+    if "cuda_available" in torch and isinstance(torch.get("cuda_available"), bool):
+        out["env.torch_cuda_available"] = torch["cuda_available"]
+    if torch.get("cuda_version"):
+        out["env.torch_cuda_version"] = str(torch["cuda_version"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# findings and ranking
+
+@dataclass
+class _Candidate:
+    rule: Rule
+    finding: Finding
+    score: float
+    numbers: bool  # the rule's when held on numbers from the log (or env)
+    earliest: tuple  # (time_s or None, input index, line)
+    where: str
+    groups: list[str]
+
+
+def _earliest(keys: Iterable[tuple]) -> tuple:
+    keys = list(keys)
+    if not keys:
+        return (None, math.inf, math.inf)
+    return min(keys, key=lambda k: (k[1], k[2]))
+
+
+def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str, Any]) -> _Candidate:
+    first_match = state.matches[0][1] if state.matches else None
+    evidence = [Evidence(file=ln.file, line=ln.lineno, text=ln.quote()) for ln, _ in state.matches]
+    groups: list[str] = []
+    value_facts: list[str] = []
+    if rule.condition is not None:
+        for name in rule.condition.facts:
+            g = group_of(name)
+            if g not in groups:
+                groups.append(g)
+        value_facts = rule.condition.value_facts
+    seen = {(e.file, e.line) for e in evidence}
+    for g in groups:
+        if g == "env":
+            for name in (rule.condition.facts if rule.condition else []):
+                if name.startswith("env.") and name in values:
+                    evidence.append(Evidence(file="env snapshot", line=None,
+                                             text=f"{name} = {format_value(name, values[name])}"))
+            continue
+        for e in facts.evidence(g):
+            if (e.file, e.line) not in seen:
+                seen.add((e.file, e.line))
+                evidence.append(e)
+    copied = {n: values[n] for n in rule.facts if n in values}
+    for n in value_facts:
+        if n in values and n not in copied:
+            copied[n] = values[n]
+    confidence = rule.confidence
+    if rule.facts:
+        present = [n for n in rule.facts if n in values]
+        if not present:
+            confidence = min(confidence, 0.2)  # no numbers at all: a guess
+        elif len(present) < len(rule.facts):
+            confidence = min(confidence, 0.5)
+    log_numbers = [n for n in value_facts if n in values and not n.startswith(("env.", "input."))]
+    env_numbers = [n for n in value_facts if n in values and n.startswith("env.")]
+    numbers = bool(log_numbers) or bool(env_numbers)
+    score = confidence + SEVERITY_ADJUST.get(rule.severity, 0.0)
+    if log_numbers:
+        score += NUMBERS_BONUS
+    if env_numbers:
+        score += ENV_BONUS
+    if rule.generic:
+        score -= GENERIC_PENALTY
+    keys = [(ln.time_s, ln.input_index, ln.lineno) for ln, _ in state.matches]
+    if not keys:
+        keys = [facts.first_seen[g] for g in groups if g in facts.first_seen]
+    earliest = _earliest(keys)
+    where = evidence[0].where() if evidence else "the facts"
+    finding = Finding(
+        cause=rule.cause, rule=rule.id, severity=rule.severity, confidence=confidence,
+        title=render_template(rule.title, values, first_match),
+        summary=render_template(rule.summary, values, first_match), evidence=evidence, facts=copied,
+        fixes=list(rule.fixes), repro=rule.repro, references=list(rule.references),
+        area=rule.cause.split(".", 1)[0],
+    )
+    return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,
+                      [group_of(n) for n in log_numbers + env_numbers])
+
+
+def _compare(a: _Candidate, b: _Candidate) -> int:
+    if a.rule.generic != b.rule.generic:
+        return 1 if a.rule.generic else -1
+    if a.score != b.score:
+        return -1 if a.score > b.score else 1
+    ta, tb = a.earliest[0], b.earliest[0]
+    if ta is not None and tb is not None and ta != tb:
+        return -1 if ta < tb else 1
+    ka, kb = a.earliest[1:], b.earliest[1:]
+    if ka != kb:
+        return -1 if ka < kb else 1
+    return 0
+
+
+def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
+    """Order: generic last, higher score first, earliest evidence first; then consequences placed
+    right after the finding whose cause they follow from; each finding gets a why_rank."""
+    ordered = sorted(cands, key=cmp_to_key(_compare))
+    parent: dict[int, _Candidate] = {}
+    # latest evidence first: when two findings name each other, the earlier one is the root
+    for c in sorted(ordered, key=cmp_to_key(lambda a, b: -_time_order(a, b))):
+        for p in ordered:
+            if p is c or not c.rule.is_consequence_of(p.rule.cause):
+                continue
+            if parent.get(id(p)) is c or _ancestor(p, c, parent):
+                continue
+            parent[id(c)] = p
+            break
+    children: dict[int, list[_Candidate]] = {}
+    roots = []
+    for c in ordered:
+        if id(c) in parent:
+            children.setdefault(id(parent[id(c)]), []).append(c)
+        else:
+            roots.append(c)
+    final: list[_Candidate] = []
+
+    def emit(c: _Candidate) -> None:
+        final.append(c)
+        for child in children.get(id(c), []):
+            emit(child)
+
+    for r in roots:
+        emit(r)
+    # a generic finding never comes first while a specific one exists
+    if final and final[0].rule.generic:
+        specific = next((c for c in final if not c.rule.generic), None)
+        if specific is not None:
+            final.remove(specific)
+            final.insert(0, specific)
+    for i, c in enumerate(final, 1):
+        c.finding.rank = i
+        if id(c) in parent:
+            c.finding.consequence_of = parent[id(c)].rule.id
+    for i, c in enumerate(final):
+        c.finding.why_rank = _why(c, final[i + 1] if i + 1 < len(final) else None,
+                                  final[i - 1] if i > 0 else None, parent, len(final))
+    return final
+
+
+def _time_order(a: _Candidate, b: _Candidate) -> int:
+    ta, tb = a.earliest[0], b.earliest[0]
+    if ta is not None and tb is not None and ta != tb:
+        return -1 if ta < tb else 1
+    ka, kb = a.earliest[1:], b.earliest[1:]
+    return 0 if ka == kb else (-1 if ka < kb else 1)
+
+
+def _ancestor(p: _Candidate, c: _Candidate, parent: dict[int, _Candidate]) -> bool:
+    """True if c is already an ancestor of p (linking p as c's parent would make a cycle)."""
+    node = parent.get(id(p))
+    while node is not None:
+        if node is c:
+            return True
+        node = parent.get(id(node))
+    return False
+
+
+def _label(c: _Candidate) -> str:
+    return f"#{c.finding.rank} ({c.rule.id})"
+
+
+def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
+    if c.rule.condition is None:
+        return ""
+    return c.rule.condition.describe(c.finding.facts if values is None else values)
+
+
+def _why(c: _Candidate, nxt: Optional[_Candidate], prev: Optional[_Candidate],
+         parent: dict[int, _Candidate], total: int) -> str:
+    if id(c) in parent:
+        p = parent[id(c)]
+        globs = ", ".join(g for g in c.rule.consequence_of)
+        return (f"placed after {_label(p)} because it is a consequence of it "
+                f"({p.rule.cause} matches consequence_of {globs}); the root cause comes first")
+    basis = ""
+    if c.numbers:
+        names = ", ".join(GROUP_NAMES.get(g, g) for g in dict.fromkeys(c.groups))
+        basis = f"numbers in {names} ({_numbers_text(c)})"
+    if nxt is None:
+        if total == 1:
+            return "the only finding; " + (f"it rests on {basis}" if basis else "it rests on a keyword match only")
+        assert prev is not None
+        return f"ranks below {_label(prev)}: " + _reason(prev, c, "")
+    return _reason(c, nxt, basis)
+
+
+def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
+    """Why a ranks above b, naming b."""
+    if b.finding.consequence_of == a.rule.id:
+        return f"{_label(b)} is a consequence of this finding, so this is the root"
+    if b.finding.consequence_of is not None:
+        return f"root causes rank before consequences such as {_label(b)}"
+    if b.rule.generic and not a.rule.generic:
+        return f"a specific finding ranks above the generic catch-all {_label(b)}"
+    if a.numbers and not b.numbers:
+        basis = basis or f"numbers ({_numbers_text(a)})"
+        return f"{basis} support this more than keyword-only finding {_label(b)}"
+    if a.score > b.score:
+        extra = f"; both rest on numbers" if a.numbers and b.numbers else ""
+        return (f"{a.finding.confidence_label} confidence, severity {a.rule.severity} outranks {_label(b)} "
+                f"({b.finding.confidence_label}, {b.rule.severity}){extra}")
+    if a.score == b.score:
+        return (f"as strong as {_label(b)}, but its evidence comes first ({a.where} before {b.where}): "
+                f"the earliest failure is the likelier root")
+    return f"ranked above {_label(b)}"  # pragma: no cover - generic-first fix-up only
+
+
+# ---------------------------------------------------------------------------------------------
+# the entry point
+
+def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional[dict] = None,
+            progress: Optional[Callable[[str, int, Optional[int]], None]] = None,
+            rules: Optional[list[Rule]] = None) -> ExplainReport:
+    """Explain crash logs: `paths` are files, folders or `-` (stdin). `env` is a snapshot dict
+    (`loradoctor env --format json` -> "snapshot") whose facts count as evidence. `progress` is
+    called after each block with (path, bytes done, total bytes or None). Raises UserError for
+    unreadable input or broken rules."""
+    started = time.perf_counter()
+    rules = load_rules(extra_rule_dirs) if rules is None else rules
+    inputs = reader.resolve_inputs(list(paths))
+    collector = FactCollector()
+    states = scan_inputs(inputs, rules, collector, progress)
+    facts = collector.finish()
+    values = facts.values
+    for item in inputs:
+        if item.rank is not None:
+            collector.ranks.add(item.rank)
+    if collector.ranks:
+        values["dist.ranks"] = sorted(collector.ranks)
+    values["input.files"] = len(inputs)
+    values["input.lines"] = sum(i.lines for i in inputs)
+    values["input.bytes"] = sum(i.bytes for i in inputs)
+    values.update(env_facts(env, values.get("oom.device_index")))
+    cands = []
+    for rule, state in zip(rules, states):
+        if rule.patterns and not state.matches:
+            continue
+        if not all(state.required) or state.excluded:
+            continue
+        if rule.condition is not None and not rule.condition.evaluate(values):
+            continue
+        cands.append(_build_finding(rule, state, facts, values))
+    ranked = rank_candidates(cands)
+    findings = [c.finding for c in ranked]
+    tail = list(collector.error_tail) if not findings else []
+    return ExplainReport(inputs=[i.to_dict() for i in inputs], findings=findings, unrecognised_tail=tail,
+                         facts=dict(values), series=facts.series, rules_checked=len(rules),
+                         elapsed_s=time.perf_counter() - started)

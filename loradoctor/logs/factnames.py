@@ -1,0 +1,53 @@
+"""The fact names of docs/facts.md, shipped with the package (docs/ is not installed).
+
+Rules may only use these names; tests/test_facts.py checks this list against docs/facts.md.
+`BYTES_FACTS` are printed as sizes when a condition is explained.
+"""
+
+KNOWN_FACTS: tuple[str, ...] = (
+    # oom
+    "oom.count", "oom.era", "oom.device_index", "oom.requested_bytes", "oom.total_bytes", "oom.free_bytes",
+    "oom.allocated_bytes", "oom.reserved_bytes", "oom.reserved_unallocated_bytes", "oom.private_pool_bytes",
+    "oom.allowed_bytes", "oom.this_process_bytes", "oom.other_process_bytes", "oom.other_process_count",
+    "oom.other_unaccounted_bytes", "oom.non_pytorch_bytes", "oom.hint", "oom.phase", "oom.step",
+    "oom.step_fraction",
+    # memsum
+    "memsum.count", "memsum.allocated_bytes", "memsum.peak_allocated_bytes", "memsum.reserved_bytes",
+    "memsum.peak_reserved_bytes", "memsum.non_releasable_bytes", "memsum.reserved_unallocated_bytes",
+    "memsum.alloc_retries", "memsum.oom_count",
+    # metrics
+    "metrics.steps", "metrics.first_loss", "metrics.last_loss", "metrics.min_loss", "metrics.max_loss",
+    "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan",
+    "metrics.loss_zero_count", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
+    "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",
+    "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",
+    "metrics.train_finished", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
+    "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
+    "metrics.mem_rising_records", "peft.trainable_params", "peft.all_params",
+    # trace
+    "trace.count", "trace.exception", "trace.message", "trace.location",
+    # xid
+    "xid.count", "xid.numbers", "xid.first", "xid.pci", "xid.pid", "xid.process", "xid.fell_off_bus",
+    # dist
+    "dist.child_failed", "dist.failed_rank", "dist.exit_code", "dist.signal", "dist.timeout_count",
+    "dist.timeout_ranks", "dist.first_timeout_rank", "dist.timeout_ms", "dist.ranks", "dist.nccl_error_count",
+    # killed
+    "killed.oom_killer", "killed.pid", "killed.process", "killed.anon_rss_bytes", "killed.bare",
+    "killed.exit_code",
+    # code43
+    "code43.present", "code43.device",
+    # input
+    "input.files", "input.lines", "input.bytes",
+    # env
+    "env.present", "env.gpu_name", "env.compute_capability", "env.gpu_total_bytes", "env.other_process_bytes",
+    "env.torch_cuda_available", "env.torch_cuda_version", "env.driver_version",
+)
+
+KNOWN_FACT_SET = frozenset(KNOWN_FACTS)
+BYTES_FACTS = frozenset(n for n in KNOWN_FACTS if n.endswith("_bytes"))
+FRACTION_FACTS = frozenset({"oom.step_fraction"})
+
+
+def group_of(name: str) -> str:
+    """`oom.requested_bytes` -> `oom`; `peft.*` facts belong to the metrics group's lines."""
+    return name.split(".", 1)[0]

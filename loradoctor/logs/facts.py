@@ -1,0 +1,1018 @@
+"""Extract numbers from log lines: the facts of docs/facts.md.
+
+Each extractor is a pure function of text (`parse_oom_message`, `parse_memory_summary`,
+`parse_metric_record`, `parse_xid`, `parse_child_failed`, `parse_watchdog_timeout`,
+`parse_oom_killer`, ...), unit-tested on its own. `FactCollector` feeds lines to them in one
+streaming pass, keeps the first event of each group (the root) plus counts, and keeps series in
+bounded memory (aggregates plus downsampled points), however long the log.
+
+`TRIGGER_LITERALS` are the words that make a line interesting to an extractor; the engine adds
+them to its prefilter so that only such lines (and the rules' lines) are decoded at all.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal as _signal
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+from loradoctor.findings import Evidence
+from loradoctor.units import MAX_PLAUSIBLE_BYTES, parse_size
+
+# (literal, ignore_case) pairs the extractors need to see.
+TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
+    ("out of memory", True),
+    ("Tried to allocate", False),
+    ("memory summary", False), ("CUDA OOMs", False), ("Allocated memory", False),
+    ("GPU reserved memory", False), ("Non-releasable memory", False),
+    ("loss", False), ("train_runtime", False), ("trainable params", False),
+    ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False),
+    ("Traceback", False), ('File "', False), (".py:", False), ("Error", False), ("Exception", False),
+    ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
+    ("ChildFailedError", False), ("Root Cause", False), ("local_rank", False), ("exitcode", False),
+    ("error_file", False), ("Signal ", False), ("Watchdog", False), ("collective operation timeout", True),
+    ("NCCL", False), ("nccl", False), ("unhandled system error", False),
+    ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
+    ("return code", True), ("SIGKILL", False), ("Code 43", False),
+    ("error", False), ("ERROR", False), ("FAIL", False), ("fatal", True), ("Segmentation fault", False),
+    ("Aborted", False), ("core dumped", False),
+)
+
+_SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
+
+
+def _size(text: Optional[str]) -> Optional[int]:
+    """A plausible byte count or None (WDDM prints values like 17179869184.00 GiB)."""
+    if not text:
+        return None
+    try:
+        value = parse_size(text)
+    except ValueError:
+        return None
+    return value if 0 <= value <= MAX_PLAUSIBLE_BYTES else None
+
+
+# ---------------------------------------------------------------------------------------------
+# oom: the CUDA out-of-memory message
+
+@dataclass
+class OomMessage:
+    """The numbers of one out-of-memory message (docs/facts.md `oom.*`). Absent numbers are None."""
+
+    era: str
+    requested_bytes: Optional[int] = None
+    device_index: Optional[int] = None
+    total_bytes: Optional[int] = None
+    free_bytes: Optional[int] = None
+    allocated_bytes: Optional[int] = None
+    reserved_bytes: Optional[int] = None
+    reserved_unallocated_bytes: Optional[int] = None
+    private_pool_bytes: Optional[int] = None
+    allowed_bytes: Optional[int] = None
+    this_process_bytes: Optional[int] = None
+    other_process_bytes: Optional[int] = None
+    other_process_count: Optional[int] = None
+    other_unaccounted_bytes: Optional[int] = None
+    non_pytorch_bytes: Optional[int] = None
+    hint: Optional[str] = None
+
+    def facts(self) -> dict[str, Any]:
+        return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
+
+
+_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+_OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+                        + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
+_OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OOM_PROCESS_RE = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+_OOM_THIS_RE = re.compile(r"this process has " + _SIZE + r" memory in use")
+_OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
+_OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
+_OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+
+
+def parse_oom_message(text: str) -> Optional[OomMessage]:
+    """Parse a PyTorch out-of-memory message of any generation (shared/reference/pytorch.md §1):
+    G1/G2 `(GPU 0; T total capacity; A already allocated; F free; R reserved in total by PyTorch)`,
+    G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, and the
+    device-generic `Out of memory. Tried to allocate`. Returns None when the text is no OOM message."""
+    m = _OOM_HEAD_RE.search(text)
+    if not m:
+        return None
+    requested = _size(m.group(3))
+    rest = text[m.end():]
+    hint = None
+    if "expandable_segments" in rest:
+        hint = "expandable_segments"
+    elif "max_split_size_mb" in rest:
+        hint = "max_split_size_mb"
+    g1 = _OOM_G1_RE.search(rest)
+    if g1:
+        msg = OomMessage(era="G2" if "max_split_size_mb" in rest else "G1", requested_bytes=requested,
+                         device_index=int(g1.group(1)), total_bytes=_size(g1.group(2)),
+                         allocated_bytes=_size(g1.group(3)), free_bytes=_size(g1.group(4)),
+                         allowed_bytes=_size(g1.group(5)), reserved_bytes=_size(g1.group(6)), hint=hint)
+        if msg.reserved_bytes is not None and msg.allocated_bytes is not None:
+            msg.reserved_unallocated_bytes = max(0, msg.reserved_bytes - msg.allocated_bytes)
+        if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
+            msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
+        return _drop_implausible(msg)
+    if m.group(2):
+        era = "generic"
+    elif "capacty" in rest:
+        era = "G3"
+    elif "docs.pytorch.org" in rest:
+        era = "G5"
+    else:
+        era = "G4"
+    msg = OomMessage(era=era, requested_bytes=requested, hint=hint)
+    t = _OOM_TOTAL_RE.search(rest)
+    if t:
+        msg.device_index = int(t.group(1))
+        msg.total_bytes = _size(t.group(3))
+        msg.free_bytes = _size(t.group(4))
+    others = [_size(p.group(2)) for p in _OOM_PROCESS_RE.finditer(rest)]
+    others = [o for o in others if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
+    if others:
+        msg.other_process_bytes = sum(others)
+        msg.other_process_count = len(others)
+    this = _OOM_THIS_RE.search(rest)
+    if this:
+        msg.this_process_bytes = _size(this.group(1))
+    allowed = _OOM_ALLOWED_RE.search(rest)
+    if allowed:
+        msg.allowed_bytes = _size(allowed.group(1))
+    a = _OOM_ALLOCATED_RE.search(rest)
+    if a:
+        msg.allocated_bytes = _size(a.group(1))
+    p = _OOM_PRIVATE_RE.search(rest)
+    if p:
+        msg.private_pool_bytes = _size(p.group(1))
+    u = _OOM_UNALLOCATED_RE.search(rest)
+    if u:
+        msg.reserved_unallocated_bytes = _size(u.group(1))
+    msg = _drop_implausible(msg)
+    if msg.allocated_bytes is not None and msg.reserved_unallocated_bytes is not None:
+        msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes + (msg.private_pool_bytes or 0)
+    if msg.this_process_bytes is not None:
+        if None not in (msg.total_bytes, msg.free_bytes):
+            msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
+        if msg.reserved_bytes is not None:
+            msg.non_pytorch_bytes = max(0, msg.this_process_bytes - msg.reserved_bytes)
+    return msg
+
+
+def _drop_implausible(msg: OomMessage) -> OomMessage:
+    """No single number can exceed the card (nor 1 PiB); WDDM's garbage NVML values go."""
+    limit = msg.total_bytes if msg.total_bytes else MAX_PLAUSIBLE_BYTES
+    for name in ("free_bytes", "allocated_bytes", "reserved_bytes", "reserved_unallocated_bytes",
+                 "private_pool_bytes", "allowed_bytes", "this_process_bytes"):
+        value = getattr(msg, name)
+        if value is not None and value > limit * 1.05:
+            setattr(msg, name, None)
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# memsum: torch.cuda.memory_summary()
+
+@dataclass
+class MemorySummary:
+    allocated_bytes: Optional[int] = None
+    peak_allocated_bytes: Optional[int] = None
+    reserved_bytes: Optional[int] = None
+    peak_reserved_bytes: Optional[int] = None
+    non_releasable_bytes: Optional[int] = None
+    reserved_unallocated_bytes: Optional[int] = None
+    alloc_retries: Optional[int] = None
+    oom_count: Optional[int] = None
+
+    def facts(self) -> dict[str, Any]:
+        return {f"memsum.{k}": v for k, v in asdict(self).items() if v is not None}
+
+
+_MEMSUM_ROW_RE = re.compile(r"^\|?\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|\s*"
+                            r"(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|\s*(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|")
+_MEMSUM_COUNTERS_RE = re.compile(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*(\d+)")
+
+
+def parse_memory_summary(lines: Iterable[str]) -> Optional[MemorySummary]:
+    """Numbers of one `torch.cuda.memory_summary()` table (shared/reference/pytorch.md §2);
+    None when the lines hold no such table."""
+    summary = MemorySummary()
+    seen = False
+    for text in lines:
+        text = text.strip()
+        c = _MEMSUM_COUNTERS_RE.search(text)
+        if c:
+            summary.oom_count, summary.alloc_retries = int(c.group(1)), int(c.group(2))
+            seen = True
+            continue
+        m = _MEMSUM_ROW_RE.match(text)
+        if not m:
+            continue
+        cur, peak = _size(m.group(2)), _size(m.group(3))
+        label = m.group(1)
+        if label == "Allocated memory" and summary.allocated_bytes is None:
+            summary.allocated_bytes, summary.peak_allocated_bytes = cur, peak
+        elif label == "GPU reserved memory" and summary.reserved_bytes is None:
+            summary.reserved_bytes, summary.peak_reserved_bytes = cur, peak
+        elif label == "Non-releasable memory" and summary.non_releasable_bytes is None:
+            summary.non_releasable_bytes = cur
+        seen = True
+    if not seen:
+        return None
+    if summary.reserved_bytes is not None and summary.allocated_bytes is not None:
+        summary.reserved_unallocated_bytes = max(0, summary.reserved_bytes - summary.allocated_bytes)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics: Trainer log records
+
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
+_METRIC_RE = re.compile(
+    r"""(?<![\w/])['"]?([A-Za-z_][\w/().\- ]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
+    + r""")(?![\w.])\s*([KMGT]i?B|[KMGT](?![\w]))?""")
+_UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
+
+
+def _float(text: str) -> float:
+    low = text.lower().lstrip("+")
+    if low in ("nan", "-nan"):
+        return math.nan
+    if low in ("inf", "infinity"):
+        return math.inf
+    if low in ("-inf", "-infinity"):
+        return -math.inf
+    return float(text)
+
+
+def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
+    """`{'loss': 1.23, 'grad_norm': nan, 'learning_rate': 2e-05}` or `loss=1.23 lr=2e-5` or
+    `loss: 1.23` -> {'loss': 1.23, 'grad_norm': nan, ...}. Bare nan/inf are accepted (which
+    `ast.literal_eval` rejects). Values with a unit (`gpu_mem=12.3G`) come back as
+    `(value, unit)`. None when no `key: number` pair is present."""
+    out: dict[str, Any] = {}
+    for m in _METRIC_RE.finditer(text):
+        key = m.group(1).strip()
+        if not key or " " in key and not key.startswith("memory"):
+            continue
+        try:
+            value = _float(m.group(2))
+        except ValueError:
+            continue
+        out[key] = (value, m.group(3)) if m.group(3) else value
+    return out or None
+
+
+def _metric_bytes(key: str, value: Any) -> Optional[int]:
+    """A memory metric in bytes: unit from the value (`12.3G`) or the key (`(gib)`, `_mb`)."""
+    unit = None
+    if isinstance(value, tuple):
+        value, unit = value
+    if unit is None:
+        m = _UNIT_IN_KEY_RE.search(key)
+        if not m:
+            return None
+        unit = m.group(1)
+    unit = unit.lower()
+    if not unit.endswith("b"):
+        unit += "ib"  # 12.3G in a progress bar means GiB
+    elif unit in ("gb", "mb", "kb", "tb") and "(" in key:
+        unit = unit[0] + "ib"  # axolotl's (gb) keys hold GiB
+    if not isinstance(value, float) or not math.isfinite(value):
+        return None
+    return _size(f"{value}{unit}")
+
+
+@dataclass
+class _Series:
+    """Downsampled (index, value) points: at most `limit`, evenly thinned as the log grows."""
+
+    limit: int = 256
+    stride: int = 1
+    points: list = field(default_factory=list)
+    _n: int = 0
+
+    def add(self, index: int, value: float) -> None:
+        self._n += 1
+        if (self._n - 1) % self.stride:
+            return
+        self.points.append((index, value))
+        if len(self.points) >= self.limit:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+
+# ---------------------------------------------------------------------------------------------
+# trace: Python tracebacks
+
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_RICH_FRAME_RE = re.compile(r"^(\S+\.py):(\d+) in (\S+)\s*$")
+_EXC_RE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
+
+_LOCATIONS = (  # checked in this order: the more specific phase wins
+    ("load", {"from_pretrained", "load_state_dict", "_load_state_dict_into_meta_model", "dispatch_model",
+              "load_checkpoint_and_dispatch", "_load_pretrained_model", "load_checkpoint_in_model",
+              "_load_from_state_dict", "load_model"}),
+    ("save", {"save_model", "_save_checkpoint", "save_pretrained", "_save", "save_state"}),
+    ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict"}),
+    ("generate", {"generate", "_sample", "greedy_search", "sample", "beam_search"}),
+    ("optimizer", {"optimizer_step"}),
+    ("backward", {"backward", "_engine_run_backward", "run_backward"}),
+    ("forward", {"forward", "_call_impl", "_wrapped_call_impl", "compute_loss", "training_step"}),
+)
+_TRAIN_FRAMES = {"train", "_inner_training_loop", "training_step", "train_step"}
+
+
+def location_from_frames(frames: list[tuple[str, str]]) -> Optional[str]:
+    """Phase from (file, function) frames, outermost first: load / save / eval / generate /
+    optimizer / backward / forward, or None."""
+    funcs = {fn for _, fn in frames}
+    for phase, names in _LOCATIONS:
+        if funcs & names:
+            return phase
+        if phase == "load" and ("to" in funcs or "cuda" in funcs) and not funcs & _TRAIN_FRAMES:
+            return "load"
+        if phase == "optimizer" and any(fn == "step" and "optim" in path for path, fn in frames):
+            return "optimizer"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# xid: kernel NVRM lines
+
+@dataclass
+class XidEvent:
+    xid: Optional[int]  # None for "fallen off the bus" lines without an Xid number
+    pci: Optional[str] = None
+    pid: Optional[int] = None
+    process: Optional[str] = None
+    text: str = ""
+    fell_off_bus: bool = False
+
+
+_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)[^)]*\):\s*(\d+)"
+                     r"(?:,\s*pid=('<unknown>'|<unknown>|\d+))?(?:,\s*name=([^,]*))?(?:,\s*(.*))?")
+_BUS_RE = re.compile(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?).*fallen off the bus")
+
+
+def parse_xid(text: str) -> Optional[XidEvent]:
+    """`NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.`
+    and the older / MIG / pid-only shapes (shared/reference/nvidia.md §1.1), plus `GPU ... has
+    fallen off the bus` lines without an Xid. None for other text."""
+    m = _XID_RE.search(text)
+    if m:
+        pid = m.group(3)
+        name = (m.group(4) or "").strip()
+        rest = (m.group(5) or "").strip()
+        xid = int(m.group(2))
+        return XidEvent(xid=xid, pci=m.group(1).lower(), pid=int(pid) if pid and pid.isdigit() else None,
+                        process=name if name and name != "<unknown>" else None, text=rest,
+                        fell_off_bus=xid == 79 or "fallen off the bus" in text)
+    b = _BUS_RE.search(text)
+    if b:
+        return XidEvent(xid=None, pci=b.group(1).lower(), text=text.strip(), fell_off_bus=True)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# dist: torchrun / NCCL
+
+@dataclass
+class ChildFailed:
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    exit_code: Optional[int] = None
+    pid: Optional[int] = None
+    signal: Optional[str] = None
+    host: Optional[str] = None
+
+
+_CF_RANK_RE = re.compile(r"^\s*rank\s*:\s*(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_CF_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+_CF_SIGNAL_RE = re.compile(r"Signal (\d+) \((SIG\w+)\)")
+_CF_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
+
+
+def _signal_name(exit_code: int) -> Optional[str]:
+    number = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else None
+    if not number:
+        return None
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def parse_child_failed(lines: Iterable[str]) -> Optional[ChildFailed]:
+    """The root-cause entry of torchrun's `ChildFailedError` summary block:
+    `rank : 3 (local_rank: 3)`, `exitcode : -9 (pid: 1234)`, `traceback : Signal 9 (SIGKILL) ...`.
+    Prefers the `Root Cause (first observed failure)` section; None when no entry is found."""
+    lines = list(lines)
+    start = 0
+    for i, text in enumerate(lines):
+        if "Root Cause" in text:
+            start = i
+            break
+    entry = ChildFailed()
+    found = False
+    for text in lines[start:]:
+        if entry.exit_code is not None and re.match(r"^\s*\[\d+\]:", text):
+            break  # next failure entry
+        if m := _CF_RANK_RE.match(text):
+            if entry.rank is not None:
+                break
+            entry.rank = int(m.group(1))
+            entry.local_rank = int(m.group(2)) if m.group(2) else None
+            found = True
+        elif m := _CF_EXIT_RE.match(text):
+            entry.exit_code = int(m.group(1))
+            entry.pid = int(m.group(2)) if m.group(2) else None
+            found = True
+        elif m := _CF_SIGNAL_RE.search(text):
+            entry.signal = m.group(2)
+        elif m := _CF_HOST_RE.match(text):
+            entry.host = m.group(1)
+    if not found:
+        return None
+    if entry.signal is None and entry.exit_code is not None:
+        entry.signal = _signal_name(entry.exit_code) if entry.exit_code < 0 else None
+    return entry
+
+
+@dataclass
+class WatchdogTimeout:
+    rank: Optional[int]
+    timeout_ms: Optional[int]
+    ran_ms: Optional[int]
+    op: Optional[str]
+
+
+_WATCHDOG_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?(?:Watchdog caught collective operation timeout|collective operation timeout)", re.I)
+_TIMEOUT_MS_RE = re.compile(r"Timeout\(ms\)=(\d+)")
+_RAN_MS_RE = re.compile(r"ran for (\d+) milliseconds")
+_OPTYPE_RE = re.compile(r"OpType=(\w+)")
+
+
+def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
+    """`[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE,
+    ..., Timeout(ms)=600000) ran for 600036 milliseconds before timing out.`"""
+    m = _WATCHDOG_RE.search(text)
+    if not m:
+        return None
+    t, r, o = _TIMEOUT_MS_RE.search(text), _RAN_MS_RE.search(text), _OPTYPE_RE.search(text)
+    return WatchdogTimeout(rank=int(m.group(1)) if m.group(1) else None,
+                           timeout_ms=int(t.group(1)) if t else None,
+                           ran_ms=int(r.group(1)) if r else None, op=o.group(1) if o else None)
+
+
+_NCCL_ERROR_RE = re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|"
+                            r"ncclRemoteError|ncclInvalidArgument|unhandled system error|NCCL communicator was aborted")
+
+# ---------------------------------------------------------------------------------------------
+# killed: host memory
+
+
+@dataclass
+class OomKill:
+    pid: Optional[int]
+    process: Optional[str]
+    anon_rss_bytes: Optional[int]
+
+
+_OOM_KILL_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory|oom-kill)?:?\s*Kill(?:ed)? process (\d+) \(([^)]*)\)"
+                          r"(?:.*?anon-rss:\s*(\d+)\s*kB)?")
+_BARE_KILLED_RE = re.compile(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
+_EXIT_CODE_RE = re.compile(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
+                           r"\s*[:=]?\s*(-?\d+)", re.I)
+
+
+def parse_oom_killer(text: str) -> Optional[OomKill]:
+    """`Out of memory: Killed process 12345 (python) total-vm:..kB, anon-rss:..kB, ...` (and the
+    older `Kill process N (name) score ...`, the cgroup form). None for other text."""
+    if "process" not in text or "ill" not in text:
+        return None
+    m = _OOM_KILL_RE.search(text)
+    if not m:
+        return None
+    rss = int(m.group(3)) * 1024 if m.group(3) else None
+    return OomKill(pid=int(m.group(1)), process=m.group(2), anon_rss_bytes=rss)
+
+
+def is_bare_killed(text: str) -> bool:
+    """`Killed` alone, or the shell's `bash: line 1: 1234 Killed   python train.py`."""
+    return bool(_BARE_KILLED_RE.match(text.strip())) and "process" not in text
+
+
+def parse_exit_code(text: str) -> Optional[int]:
+    m = _EXIT_CODE_RE.search(text)
+    if m:
+        return int(m.group(1))
+    if "Signals.SIGKILL" in text:
+        return -9
+    return None
+
+
+_CODE43_RE = re.compile(r"\(?Code 43\)?")
+_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]*?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
+_PEFT_RE = re.compile(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
+_APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*([\d.e+]+))?")
+_DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*([\d.e+]+))?")
+_ERRORISH_RE = re.compile(r"error|exception|traceback|fail|fatal|killed|abort|segmentation fault|core dumped|"
+                          r"out of memory|nccl|xid", re.I)
+
+
+def _int(text: str) -> Optional[int]:
+    try:
+        return int(float(text.replace(",", "")))
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the collector
+
+MAX_GROUP_EVIDENCE = 6
+
+
+@dataclass
+class Facts:
+    """The extracted facts: flat values, source lines per group, downsampled series."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    groups: dict[str, list[Evidence]] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    first_seen: dict[str, tuple] = field(default_factory=dict)  # group -> (time_s, input, lineno)
+
+    def flat(self) -> dict[str, Any]:
+        """Fact name -> value, with exactly the names of docs/facts.md (absent facts are absent)."""
+        return dict(self.values)
+
+    def evidence(self, group: str) -> list[Evidence]:
+        return list(self.groups.get(group, []))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+
+class FactCollector:
+    """Feed normalised lines (in input order) with `feed`; `finish` returns the Facts."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.groups: dict[str, list[Evidence]] = {}
+        self.first_seen: dict[str, tuple] = {}
+        self.progress: Optional[tuple[int, int]] = None  # last training progress bar (n, total)
+        self.ranks: set[int] = set()
+        self.error_tail: deque = deque(maxlen=10)
+        # oom
+        self._oom_count = 0
+        # memsum
+        self._memsum_lines: Optional[list[str]] = None
+        self._memsum_start = 0
+        self._memsum_count = 0
+        self._memsum_first: Optional[MemorySummary] = None
+        # metrics
+        self._records = 0
+        self._loss_first = self._loss_last = self._loss_min = self._loss_max = None
+        self._loss_nan = self._loss_zero = 0
+        self._first_nonfinite: Optional[int] = None
+        self._finite_before_nan = 0
+        self._flat_run = self._flat_best = 0
+        self._prev_loss: Optional[float] = None
+        self._max_after_min: Optional[float] = None
+        self._gn_first = self._gn_max = None
+        self._gn_nan = 0
+        self._lr_max = self._lr_last = None
+        self._eval_last = None
+        self._finished = False
+        self._overflows = 0
+        self._scale_min: Optional[float] = None
+        self._mem_key: Optional[str] = None
+        self._mem_first = self._mem_last = self._mem_max = None
+        self._mem_run = self._mem_best = 0
+        self.loss_series = _Series()
+        self.mem_series = _Series()
+        # trace
+        self._in_trace = False
+        self._frames: list[tuple[str, str]] = []
+        self._trace_count = 0
+        self._trace_start: Optional[Evidence] = None
+        # dist
+        self._cf_lines: Optional[list[str]] = None
+        self._cf_budget = 0
+        self._timeouts = 0
+        self._timeout_ranks: list[int] = []
+        self._first_timeout: Optional[tuple] = None
+        self._nccl_errors = 0
+        # xid
+        self._xid_count = 0
+        self._xid_numbers: list[int] = []
+
+    # helpers ----------------------------------------------------------------------------------
+    def _evidence(self, group: str, line: Any) -> None:
+        items = self.groups.setdefault(group, [])
+        if len(items) < MAX_GROUP_EVIDENCE and not any(e.line == line.lineno and e.file == line.file for e in items):
+            items.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+        if group not in self.first_seen:
+            self.first_seen[group] = (line.time_s, line.input_index, line.lineno)
+
+    def _set_first(self, values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            if v is not None and k not in self.values:
+                self.values[k] = v
+
+    # feeding ----------------------------------------------------------------------------------
+    def feed(self, line: Any) -> None:
+        """Take one normalised line (a reader.Line)."""
+        text = line.text
+        if not text:
+            return
+        if line.rank is not None:
+            self.ranks.add(line.rank)
+        if self._memsum_lines is not None:
+            self._memsum_feed(line)
+        if self._cf_lines is not None:
+            self._cf_feed(line)
+        if "loss" in text or "train_runtime" in text or "mem" in text:
+            if "{" in text or "=" in text or ":" in text:
+                self._metrics(line)
+        if "ut of memory" in text or "UT OF MEMORY" in text:
+            self._oom(line)
+        if "Traceback" in text or self._in_trace:
+            self._trace(line)
+        elif _EXC_RE.match(text):
+            self._trace(line)
+        if "memory summary" in text and "PyTorch" in text:
+            self._memsum_open(line)
+        elif "CUDA OOMs" in text and self._memsum_lines is None:
+            self._memsum_open(line)
+            self._memsum_feed(line)
+        if "NVRM" in text:
+            self._xid(line)
+        if "ChildFailedError" in text or ("Root Cause" in text and self._cf_lines is None):
+            self._cf_open(line)
+        if "ollective operation timeout" in text:
+            self._timeout(line)
+        if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
+            self._nccl_errors += 1
+            self._evidence("dist", line)
+        if "ill" in text:
+            self._killed(line)
+        if "Code 43" in text:
+            self._code43(line)
+        if "trainable params" in text:
+            m = _PEFT_RE.search(text)
+            if m:
+                self._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
+                self._evidence("peft", line)
+        if "verflow" in text or "OVERFLOW" in text:
+            self._overflow(line)
+        code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
+        if code is not None and code in (137, -9):
+            self._set_first({"killed.exit_code": code})
+            self._evidence("killed", line)
+        if _ERRORISH_RE.search(text):
+            self.error_tail.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+
+    def set_progress(self, n: int, total: int) -> None:
+        """The last training progress bar state seen (the engine finds bars in raw blocks)."""
+        self.progress = (n, total)
+
+    # groups -----------------------------------------------------------------------------------
+    def _oom(self, line: Any) -> None:
+        msg = parse_oom_message(line.text)
+        if msg is None:
+            return
+        self._oom_count += 1
+        self._evidence("oom", line)
+        if self._oom_count > 1:
+            return
+        self.values.update(msg.facts())
+        if self._in_trace and self._frames:
+            phase = location_from_frames(self._frames)
+            if phase:
+                self.values["oom.phase"] = phase
+        if self.progress is not None:
+            n, total = self.progress
+            self.values["oom.step"] = n
+            if total:
+                self.values["oom.step_fraction"] = n / total
+        elif self._records:
+            self.values["oom.step"] = self._records
+
+    def _trace(self, line: Any) -> None:
+        text = line.text
+        if text.startswith("Traceback (most recent call last)"):
+            self._in_trace = True
+            self._frames = []
+            if self._trace_count == 0:
+                self._trace_start = Evidence(file=line.file, line=line.lineno, text=line.quote())
+            return
+        if not self._in_trace:
+            return
+        m = _FRAME_RE.search(text) or _RICH_FRAME_RE.match(text)
+        if m:
+            if len(self._frames) < 200:
+                self._frames.append((m.group(1), m.group(3)))
+            return
+        e = _EXC_RE.match(text)
+        if e and not text.startswith(("During handling", "The above exception")):
+            self._trace_count += 1
+            self._in_trace = False
+            if self._trace_count == 1:
+                if self._trace_start is not None:
+                    self.groups.setdefault("trace", []).append(self._trace_start)
+                self._evidence("trace", line)
+                self.values["trace.exception"] = e.group(1)
+                if e.group(2):
+                    self.values["trace.message"] = e.group(2)[:300]
+                loc = location_from_frames(self._frames)
+                if loc:
+                    self.values["trace.location"] = loc
+
+    def _memsum_open(self, line: Any) -> None:
+        self._memsum_close()
+        self._memsum_lines = []
+        self._memsum_start = line.lineno
+        self._evidence("memsum", line)
+
+    def _memsum_feed(self, line: Any) -> None:
+        if line.lineno - self._memsum_start > 80 or self._memsum_lines is None:
+            self._memsum_close()
+            return
+        if line.text.startswith("|") or "CUDA OOMs" in line.text:
+            self._memsum_lines.append(line.text)
+
+    def _memsum_close(self) -> None:
+        if self._memsum_lines:
+            summary = parse_memory_summary(self._memsum_lines)
+            if summary is not None:
+                self._memsum_count += 1
+                if self._memsum_first is None:
+                    self._memsum_first = summary
+                    self.values.update(summary.facts())
+        self._memsum_lines = None
+
+    def _metrics(self, line: Any) -> None:
+        record = parse_metric_record(line.text)
+        if not record:
+            return
+        if "train_runtime" in record:
+            self._finished = True
+            self._evidence("metrics", line)
+        if "eval_loss" in record and isinstance(record["eval_loss"], float):
+            self._eval_last = record["eval_loss"]
+        self._memory_metric(record)
+        if "loss" not in record or not isinstance(record["loss"], float):
+            return
+        self._records += 1
+        index = self._records
+        loss = record["loss"]
+        gn = record.get("grad_norm")
+        lr = record.get("learning_rate", record.get("lr"))
+        finite = math.isfinite(loss)
+        gn_finite = not isinstance(gn, float) or math.isfinite(gn)
+        if index == 1:
+            self._evidence("metrics", line)
+        if (not finite or not gn_finite) and self._first_nonfinite is None:
+            self._first_nonfinite = index
+            self._finite_before_nan = self._records - 1 - self._loss_nan
+            self._evidence("metrics", line)
+        if finite:
+            self.loss_series.add(index, loss)
+            if self._loss_first is None:
+                self._loss_first = loss
+            self._loss_last = loss
+            if self._loss_min is None or loss < self._loss_min:
+                self._loss_min = loss
+                self._max_after_min = None
+            elif self._max_after_min is None or loss > self._max_after_min:
+                self._max_after_min = loss
+            if self._loss_max is None or loss > self._loss_max:
+                self._loss_max = loss
+            if loss == 0:
+                self._loss_zero += 1
+            if self._prev_loss is not None and abs(loss - self._prev_loss) < 1e-4:
+                self._flat_run += 1
+            else:
+                self._flat_run = 1
+            self._flat_best = max(self._flat_best, self._flat_run)
+            self._prev_loss = loss
+        else:
+            self._loss_nan += 1
+            self._flat_run = 0
+            self._prev_loss = None
+        if isinstance(gn, float):
+            if math.isfinite(gn):
+                if self._gn_first is None:
+                    self._gn_first = gn
+                if self._gn_max is None or gn > self._gn_max:
+                    self._gn_max = gn
+            else:
+                self._gn_nan += 1
+        if isinstance(lr, float) and math.isfinite(lr):
+            self._lr_last = lr
+            if self._lr_max is None or lr > self._lr_max:
+                self._lr_max = lr
+        self._last_metrics_line = line
+
+    def _memory_metric(self, record: dict) -> None:
+        if self._mem_key is None:
+            keys = [k for k in record if "mem" in k.lower()]
+            if not keys:
+                return
+            for pref in ("allocated", "active", "reserved", ""):
+                chosen = [k for k in keys if pref in k.lower() and _metric_bytes(k, record[k]) is not None]
+                if chosen:
+                    self._mem_key = chosen[0]
+                    break
+            if self._mem_key is None:
+                return
+        if self._mem_key not in record:
+            return
+        value = _metric_bytes(self._mem_key, record[self._mem_key])
+        if value is None:
+            return
+        if self._mem_first is None:
+            self._mem_first = value
+        if self._mem_last is not None and value > self._mem_last:
+            self._mem_run += 1
+        else:
+            self._mem_run = 0
+        self._mem_best = max(self._mem_best, self._mem_run)
+        self._mem_last = value
+        self._mem_max = value if self._mem_max is None else max(self._mem_max, value)
+        self.mem_series.add(self._records, float(value))
+
+    def _overflow(self, line: Any) -> None:
+        m = _APEX_OVERFLOW_RE.search(line.text) or _DS_OVERFLOW_RE.search(line.text)
+        if not m:
+            return
+        self._overflows += 1
+        if self._overflows <= 2:
+            self._evidence("metrics", line)
+        if m.group(1):
+            try:
+                scale = float(m.group(1))
+            except ValueError:
+                return
+            self._scale_min = scale if self._scale_min is None else min(self._scale_min, scale)
+
+    def _xid(self, line: Any) -> None:
+        event = parse_xid(line.text)
+        if event is None:
+            return
+        self._evidence("xid", line)
+        if event.fell_off_bus:
+            self.values["xid.fell_off_bus"] = True
+        if event.xid is None:
+            return
+        self._xid_count += 1
+        if event.xid not in self._xid_numbers:
+            self._xid_numbers.append(event.xid)
+        self._set_first({"xid.first": event.xid, "xid.pci": event.pci, "xid.pid": event.pid,
+                         "xid.process": event.process})
+
+    def _cf_open(self, line: Any) -> None:
+        if self._cf_lines is None:
+            self._cf_lines = []
+            self._cf_budget = 60
+        self.values["dist.child_failed"] = True
+        self._evidence("dist", line)
+        self._cf_lines.append(line.text)
+
+    def _cf_feed(self, line: Any) -> None:
+        self._cf_budget -= 1
+        if self._cf_budget < 0:
+            self._cf_close()
+            return
+        self._cf_lines.append(line.text)  # type: ignore[union-attr]
+        if line.text.lstrip().startswith(("exitcode", "traceback")):
+            self._evidence("dist", line)
+
+    def _cf_close(self) -> None:
+        if self._cf_lines:
+            entry = parse_child_failed(self._cf_lines)
+            if entry is not None and "dist.failed_rank" not in self.values:
+                self._set_first({"dist.failed_rank": entry.rank, "dist.exit_code": entry.exit_code,
+                                 "dist.signal": entry.signal})
+                if entry.exit_code in (-9, 137):
+                    self._set_first({"killed.exit_code": entry.exit_code})
+        self._cf_lines = None
+
+    def _timeout(self, line: Any) -> None:
+        t = parse_watchdog_timeout(line.text)
+        if t is None:
+            return
+        self._timeouts += 1
+        self._evidence("dist", line)
+        rank = t.rank if t.rank is not None else line.rank
+        if rank is not None and rank not in self._timeout_ranks:
+            self._timeout_ranks.append(rank)
+        key = (line.time_s if line.time_s is not None else math.inf, line.input_index, line.lineno)
+        if rank is not None and (self._first_timeout is None or key < self._first_timeout[0]):
+            self._first_timeout = (key, rank)
+        if t.timeout_ms is not None:
+            self._set_first({"dist.timeout_ms": t.timeout_ms})
+
+    def _killed(self, line: Any) -> None:
+        text = line.text
+        kill = parse_oom_killer(text)
+        if kill is not None:
+            self.values["killed.oom_killer"] = True
+            self._set_first({"killed.pid": kill.pid, "killed.process": kill.process,
+                             "killed.anon_rss_bytes": kill.anon_rss_bytes})
+            self._evidence("killed", line)
+        elif "Killed" in text and is_bare_killed(text):
+            self.values["killed.bare"] = True
+            self._evidence("killed", line)
+
+    def _code43(self, line: Any) -> None:
+        if not _CODE43_RE.search(line.text):
+            return
+        self.values["code43.present"] = True
+        self._evidence("code43", line)
+        d = _DEVICE_NAME_RE.search(line.text)
+        if d and "code43.device" not in self.values:
+            self.values["code43.device"] = d.group(1).strip()
+
+    # finishing --------------------------------------------------------------------------------
+    def finish(self) -> Facts:
+        self._memsum_close()
+        self._cf_close()
+        v = self.values
+        if self._oom_count:
+            v["oom.count"] = self._oom_count
+        if self._memsum_count:
+            v["memsum.count"] = self._memsum_count
+        if self._trace_count:
+            v["trace.count"] = self._trace_count
+        if self._records:
+            v["metrics.steps"] = self._records
+            v["metrics.loss_nan_count"] = self._loss_nan
+            v["metrics.loss_zero_count"] = self._loss_zero
+            v["metrics.grad_norm_nan_count"] = self._gn_nan
+            if self._first_nonfinite is not None:
+                v["metrics.first_nonfinite_index"] = self._first_nonfinite
+                v["metrics.finite_before_nan"] = self._finite_before_nan
+            if self._loss_first is not None:
+                v["metrics.first_loss"] = self._loss_first
+                v["metrics.last_loss"] = self._loss_last
+                v["metrics.min_loss"] = self._loss_min
+                v["metrics.max_loss"] = self._loss_max
+                v["metrics.loss_range"] = self._loss_max - self._loss_min  # type: ignore[operator]
+                v["metrics.loss_flat_steps"] = self._flat_best
+                if self._max_after_min is not None and self._loss_min and self._loss_min > 0:
+                    v["metrics.loss_rise_ratio"] = self._max_after_min / self._loss_min
+            if self._gn_first is not None:
+                v["metrics.grad_norm_first"] = self._gn_first
+                v["metrics.grad_norm_max"] = self._gn_max
+                if self._gn_first > 0:
+                    v["metrics.grad_norm_growth"] = self._gn_max / self._gn_first  # type: ignore[operator]
+            if self._lr_max is not None:
+                v["metrics.lr_max"] = self._lr_max
+                v["metrics.lr_last"] = self._lr_last
+            last = getattr(self, "_last_metrics_line", None)
+            if last is not None:
+                self._evidence("metrics", last)
+        if self._eval_last is not None:
+            v["metrics.eval_loss_last"] = self._eval_last
+        if self._finished:
+            v["metrics.train_finished"] = True
+        if self._overflows:
+            v["metrics.overflow_skips"] = self._overflows
+            if self._scale_min is not None:
+                v["metrics.loss_scale_min"] = self._scale_min
+        if self._mem_first is not None:
+            v["metrics.mem_first_bytes"] = self._mem_first
+            v["metrics.mem_last_bytes"] = self._mem_last
+            v["metrics.mem_max_bytes"] = self._mem_max
+            if self._mem_first > 0:
+                v["metrics.mem_growth_ratio"] = self._mem_last / self._mem_first  # type: ignore[operator]
+            v["metrics.mem_rising_records"] = self._mem_best
+        if self._xid_count:
+            v["xid.count"] = self._xid_count
+            v["xid.numbers"] = list(self._xid_numbers)
+        if self._timeouts:
+            v["dist.timeout_count"] = self._timeouts
+            v["dist.timeout_ranks"] = sorted(self._timeout_ranks)
+            if self._first_timeout is not None:
+                v["dist.first_timeout_rank"] = self._first_timeout[1]
+        if self._nccl_errors:
+            v["dist.nccl_error_count"] = self._nccl_errors
+        if self.ranks:
+            v["dist.ranks"] = sorted(self.ranks)
+        series = {}
+        if self.loss_series.points:
+            series["loss"] = list(self.loss_series.points)
+        if self.mem_series.points:
+            series["mem_bytes"] = list(self.mem_series.points)
+        return Facts(values={k: val for k, val in v.items() if val is not None}, groups=self.groups,
+                     series=series, first_seen=self.first_seen)

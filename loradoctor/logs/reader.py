@@ -1,0 +1,476 @@
+"""Open log inputs and normalise their lines.
+
+The one reader of loradoctor: files (plain, .gz, .bz2, .xz by magic bytes), folders of logs and
+stdin. It reads raw bytes in large blocks cut at newlines (so a 1 GB log costs a few hundred block
+reads, not 15 million line reads), and turns lines into `Line`s: ANSI colours stripped, `\\r`
+progress redraws collapsed to the last state, rank prefixes and timestamps moved into metadata,
+rich-traceback box characters removed, overlong lines truncated.
+
+The engine does not normalise every line: it asks `loradoctor.logs.scan` for the candidate
+segments of each block and calls `make_line` on those only. `iter_lines` normalises everything
+and exists for tests and small inputs.
+"""
+
+from __future__ import annotations
+
+import bz2
+import calendar
+import codecs
+import gzip
+import io
+import lzma
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterator, Optional
+
+from loradoctor.errors import UserError
+
+BLOCK_BYTES = 8 << 20  # 8 MiB blocks: large enough to amortise Python overhead, small for RSS
+MAX_LINE_CHARS = 8192  # longer lines are truncated (around the interesting part)
+EVIDENCE_CHARS = 400  # how much of the original line a piece of evidence quotes
+SNIFF_BYTES = 64 << 10
+
+# Extensions of files we read when a folder is given; compressed variants are added below.
+LOG_SUFFIXES = {".log", ".txt", ".out", ".err", ".stdout", ".stderr", ".trace", ""}
+COMPRESSED_SUFFIXES = {".gz": "gz", ".bz2": "bz2", ".xz": "xz"}
+MAGIC = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
+
+
+@dataclass
+class Line:
+    """One normalised log line. `text` is what rules see; `raw` is the original line, trimmed."""
+
+    file: str
+    lineno: int  # 1-based physical line number in the (decompressed) input
+    text: str
+    rank: Optional[int] = None
+    timestamp: Optional[str] = None
+    time_s: Optional[float] = None  # seconds (epoch, uptime or seconds of day) when derivable
+    raw: str = ""
+    input_index: int = 0
+
+    def quote(self) -> str:
+        """The original line trimmed, for evidence."""
+        text = (self.raw or self.text).strip()
+        return text if len(text) <= EVIDENCE_CHARS else text[: EVIDENCE_CHARS - 3] + "..."
+
+
+@dataclass
+class Input:
+    """One log source: a file or stdin. `lines` and `ranks` are filled while it is read."""
+
+    path: str  # as shown to the user
+    source: Optional[Path]  # None for stdin
+    bytes: int  # on disk (compressed size when compressed); stdin: bytes read
+    compressed: Optional[str] = None  # "gz" | "bz2" | "xz" | None
+    rank: Optional[int] = None  # from the file name (rank3.log, node0_rank7.txt)
+    lines: int = 0
+    ranks: set = field(default_factory=set)
+    index: int = 0
+
+    def to_dict(self) -> dict:
+        ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
+        return {"path": self.path, "bytes": self.bytes, "lines": self.lines,
+                "compressed": self.compressed, "ranks": ranks}
+
+
+# ---------------------------------------------------------------------------------------------
+# resolving inputs
+
+_RANK_FILE_RE = re.compile(r"(?:^|[^a-z])(?:rank|local_rank|proc|worker)[_-]?(\d{1,5})(?:\D|$)", re.I)
+
+
+def rank_from_filename(name: str) -> Optional[int]:
+    """`rank3.log` -> 3, `node0_rank7.txt` -> 7, `train.log` -> None."""
+    m = _RANK_FILE_RE.search(Path(name).name)
+    return int(m.group(1)) if m else None
+
+
+def sniff_compression(head: bytes) -> Optional[str]:
+    for magic, kind in MAGIC:
+        if head.startswith(magic):
+            return kind
+    return None
+
+
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in (8, 9, 10, 12, 13, 27)) + b"\x7f"
+
+
+def looks_binary(head: bytes) -> bool:
+    """NUL bytes, or more than 10% control bytes, in the first decompressed block."""
+    if not head:
+        return False
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return False  # UTF-16 text (PowerShell redirection); transcoded while reading
+    if b"\x00" in head:
+        return True
+    controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
+    return controls > 0.10 * len(head)
+
+
+def _is_log_name(path: Path) -> bool:
+    name = path.name
+    if name.startswith("."):
+        return False
+    suffix = path.suffix.lower()
+    if suffix in COMPRESSED_SUFFIXES:
+        suffix = Path(path.stem).suffix.lower()
+    if suffix.lstrip(".").isdigit():  # rotated logs: train.log.1
+        return True
+    return suffix in LOG_SUFFIXES or suffix.startswith(".log")
+
+
+def _open_decompressed(path: Path, kind: Optional[str]) -> BinaryIO:
+    if kind == "gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if kind == "bz2":
+        return bz2.open(path, "rb")  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _check_file(path: Path, shown: str, explicit: bool) -> Optional[Input]:
+    """An Input for a readable text file; None for a binary file inside a folder; UserError else."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            kind = sniff_compression(fh.read(8))
+        with _open_decompressed(path, kind) as fh:
+            head = fh.read(SNIFF_BYTES)
+    except PermissionError:
+        raise UserError(f"{shown}: permission denied") from None
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise UserError(f"{shown}: cannot read ({reason})") from None
+    if looks_binary(head):
+        if explicit:
+            raise UserError(f"{shown}: looks like a binary file, not a text log (NUL or control bytes)")
+        return None
+    return Input(path=shown, source=path, bytes=size, compressed=kind, rank=rank_from_filename(path.name))
+
+
+def resolve_inputs(paths: list[str]) -> list[Input]:
+    """Expand the user's paths: folders to the log files in them (recursively, sorted), `-` to
+    stdin. Raises UserError (one line) for a missing, unreadable or binary input."""
+    if not paths:
+        raise UserError("no input: give a log file, a folder of logs, or - for stdin")
+    inputs: list[Input] = []
+    stdin_seen = False
+    for given in paths:
+        if given == "-":
+            if stdin_seen:
+                raise UserError("stdin (-) given twice")
+            stdin_seen = True
+            inputs.append(Input(path="<stdin>", source=None, bytes=0))
+            continue
+        path = Path(given)
+        if not path.exists():
+            raise UserError(f"{given}: no such file or directory")
+        if path.is_dir():
+            found = []
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(files):
+                    child = Path(root) / name
+                    if _is_log_name(child) and child.is_file():
+                        item = _check_file(child, str(child), explicit=False)
+                        if item is not None:
+                            found.append(item)
+            if not found:
+                raise UserError(f"{given}: folder holds no log files (.log, .txt, .out, .err, or .gz/.bz2/.xz of those)")
+            inputs.extend(found)
+        elif path.is_file():
+            inputs.append(_check_file(path, given, explicit=True))  # type: ignore[arg-type]
+        else:
+            raise UserError(f"{given}: not a regular file")
+    for i, item in enumerate(inputs):
+        item.index = i
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------------
+# reading blocks
+
+class _PrefixedStream(io.RawIOBase):
+    """A stream that first returns `head`, then the rest of `rest` (stdin sniffing)."""
+
+    def __init__(self, head: bytes, rest: BinaryIO):
+        self._head = head
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+
+def _wrap_decompress(raw: BinaryIO, kind: Optional[str]) -> BinaryIO:
+    if kind == "gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if kind == "bz2":
+        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
+    return raw
+
+
+def open_input(item: Input) -> BinaryIO:
+    """A binary stream of the decompressed content of an input."""
+    if item.source is not None:
+        return _open_decompressed(item.source, item.compressed)
+    stdin = sys.stdin.buffer
+    head = stdin.read(8)
+    item.compressed = sniff_compression(head)
+    raw = io.BufferedReader(_PrefixedStream(head, stdin), buffer_size=1 << 20)  # type: ignore[arg-type]
+    return _wrap_decompress(raw, item.compressed)  # type: ignore[arg-type]
+
+
+def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Decompressed content in blocks that end at a newline (except a forced cut inside a line
+    longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
+    content raises UserError."""
+    try:
+        stream = open_input(item)
+    except OSError as exc:
+        raise UserError(f"{item.path}: cannot read ({exc.strerror or exc})") from None
+    decoder = None
+    first = True
+    rest = b""
+    read_bytes = 0
+    try:
+        while True:
+            try:
+                chunk = stream.read(block_bytes)
+            except (OSError, EOFError, lzma.LZMAError) as exc:
+                raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
+            if item.source is None:
+                read_bytes += len(chunk)
+            if first:
+                first = False
+                if looks_binary(chunk[:SNIFF_BYTES]):
+                    raise UserError(f"{item.path}: looks like a binary file, not a text log (NUL or control bytes)")
+                if chunk.startswith(codecs.BOM_UTF16_LE) or chunk.startswith(codecs.BOM_UTF16_BE):
+                    decoder = codecs.getincrementaldecoder("utf-16")(errors="replace")
+            if decoder is not None:
+                chunk = decoder.decode(chunk, final=not chunk).encode("utf-8")
+            if not chunk:
+                if rest:
+                    yield rest
+                break
+            buf = rest + chunk if rest else chunk
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                if len(buf) >= 2 * block_bytes:  # a line longer than two blocks: cut it
+                    yield buf
+                    rest = b""
+                else:
+                    rest = buf
+                continue
+            if cut == len(buf) - 1:
+                yield buf
+                rest = b""
+            else:
+                yield buf[: cut + 1]
+                rest = buf[cut + 1:]
+    finally:
+        if item.source is not None:
+            stream.close()
+        else:
+            item.bytes = read_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# normalising one line
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78]")
+# tqdm: "Loading checkpoint shards:  66%|██████▌   | 890/1352 [05:32<01:07,  6.89it/s]"
+_BAR_RE = re.compile(r"^[^|\r\n]{0,200}?\d{1,3}%\|[^|]{0,400}\|\s*\d+(?:\.\d+)?[kKMG]?/\d+(?:\.\d+)?[kKMG]?\s*(?:\[[^\]]*\])?")
+_BAR_TOTAL_RE = re.compile(r"(?:^|\s)(\d{1,3})%\|[^|]*\|\s*(\d+)/(\d+)\s*\[")
+_BOX_LEAD_RE = re.compile(r"^[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+")
+_BOX_TAIL_RE = re.compile(r"[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+$")
+_BOX_CHARS = "│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═"
+
+# Prefixes peeled off one after the other (up to a few), each kept as metadata.
+_RANK_PREFIX_RE = re.compile(
+    r"^\s*(?:\[(?:rank|default|Rank)\s?(\d+)\]\s*:?|(?:rank|Rank)(\d+)\s*:|\[\d+,(\d+)\]<std(?:out|err)>:)\s?"
+)
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\S+) ([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
+_DMESG_UPTIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")
+_DMESG_T_RE = re.compile(r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
+_ISO_RE = re.compile(
+    r"^\[?(\d{4})-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?(Z|[+-]\d{2}:?\d{2})?\]?(?:\s*[-|:]\s*|\s+)"
+)
+_HMS_RE = re.compile(r"^\[?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\]?\s+")
+
+
+def _epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: str = "") -> float:
+    """Seconds since the epoch, timezone-free, so logs from different machines compare alike."""
+    try:
+        base = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return 0.0
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Optional[float]]:
+    """Peel rank prefixes and timestamps off a line. Returns (text, rank, timestamp, time_s)."""
+    rank: Optional[int] = None
+    stamp: Optional[str] = None
+    time_s: Optional[float] = None
+    for _ in range(4):
+        m = _RANK_PREFIX_RE.match(text)
+        if m:
+            value = m.group(1) or m.group(2) or m.group(3)
+            rank = int(value)
+            text = text[m.end():]
+            continue
+        if text[:1] == "[":
+            m = _DMESG_UPTIME_RE.match(text)
+            if m:
+                stamp = stamp or m.group(0).strip()
+                time_s = time_s if time_s is not None else float(m.group(1))
+                text = text[m.end():]
+                continue
+            m = _DMESG_T_RE.match(text)
+            if m:
+                stamp = stamp or m.group(0).strip()
+                if time_s is None and m.group(1) in _MONTHS:
+                    time_s = _epoch(int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)),
+                                    int(m.group(3)), int(m.group(4)), int(m.group(5)))
+                text = text[m.end():]
+                continue
+        c = text[:1]
+        if c.isdigit() or c == "[":
+            m = _ISO_RE.match(text)
+            if m:
+                stamp = stamp or m.group(0).strip(" -|:[]")
+                if time_s is None:
+                    time_s = _epoch(*(int(m.group(i)) for i in range(1, 7)), m.group(7) or "")
+                text = text[m.end():]
+                continue
+            m = _HMS_RE.match(text)
+            if m:
+                stamp = stamp or m.group(0).strip(" []")
+                if time_s is None:
+                    time_s = int(m.group(1)) * 3600 + int(m.group(2)) * 60 + int(m.group(3)) + (
+                        float("0." + m.group(4)) if m.group(4) else 0.0)
+                text = text[m.end():]
+                continue
+        elif c.isupper():
+            m = _SYSLOG_RE.match(text)
+            if m and m.group(1) in _MONTHS:
+                stamp = stamp or m.group(0).split(" " + m.group(6))[0]
+                if time_s is None:
+                    # syslog has no year; a fixed one keeps lines of one log comparable
+                    time_s = _epoch(2000, _MONTHS[m.group(1)], int(m.group(2)), int(m.group(3)),
+                                    int(m.group(4)), int(m.group(5)))
+                text = text[m.end():]
+                continue
+        break
+    return text, rank, stamp, time_s
+
+
+def collapse_cr(text: str) -> str:
+    """The last state of a line redrawn with `\\r` (tqdm), keeping a log dict glued after a bar."""
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    return strip_bar(text)
+
+
+def strip_bar(text: str) -> str:
+    """`  5%|▌    | 5/100 [00:01<00:19, 4.9it/s]{'loss': 0.7}` -> `{'loss': 0.7}`; a bar alone stays."""
+    if "%|" not in text:
+        return text
+    m = _BAR_RE.match(text)
+    if m and m.end() < len(text):
+        rest = text[m.end():].lstrip()
+        if rest:
+            return rest
+    return text
+
+
+def is_progress_bar(text: str) -> bool:
+    """True for a tqdm bar state (possibly with a postfix), false for anything with text glued after."""
+    m = _BAR_RE.match(text)
+    return bool(m) and not text[m.end():].lstrip().startswith("{")
+
+
+def strip_box(text: str) -> str:
+    """Rich traceback frames: `│ /x/trainer.py:1555 in train │` -> `/x/trainer.py:1555 in train`."""
+    if text and (text[0] in _BOX_CHARS or text[-1:] in _BOX_CHARS or text.lstrip()[:1] in _BOX_CHARS):
+        text = _BOX_TAIL_RE.sub("", _BOX_LEAD_RE.sub("", text))
+    return text
+
+
+def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
+    """Cut an overlong line to `limit` characters around `focus` (the position that matters)."""
+    if len(text) <= limit:
+        return text
+    start = max(0, min(focus - limit // 2, len(text) - limit))
+    return text[start:start + limit]
+
+
+def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:
+    """Raw decoded line -> (text for rules, original trimmed, rank, timestamp, time_s)."""
+    if "\x1b" in raw:
+        raw = _ANSI_RE.sub("", raw)
+    if "\r" in raw:
+        raw = collapse_cr(raw)
+    original = raw.strip()
+    text, rank, stamp, time_s = strip_prefixes(raw.rstrip())
+    if "%|" in text:
+        text = strip_bar(text)
+    text = strip_box(text).strip()
+    # rank prefixes can follow a timestamp (journald around torchrun output)
+    if rank is None and text[:1] in "[r":
+        text2, rank2, _, _ = strip_prefixes(text)
+        if rank2 is not None:
+            text, rank = text2.strip(), rank2
+    return text, original, rank, stamp, time_s
+
+
+def make_line(raw: bytes, file: str, lineno: int, default_rank: Optional[int] = None,
+              focus: int = 0, input_index: int = 0) -> Line:
+    """Decode (bad bytes replaced), truncate and normalise one raw line or `\\r` segment."""
+    if len(raw) > MAX_LINE_CHARS:
+        start = max(0, min(focus - MAX_LINE_CHARS // 2, len(raw) - MAX_LINE_CHARS))
+        raw = raw[start:start + MAX_LINE_CHARS]
+    decoded = raw.decode("utf-8", "replace")
+    text, original, rank, stamp, time_s = normalise(decoded)
+    return Line(file=file, lineno=lineno, text=text, rank=rank if rank is not None else default_rank,
+                timestamp=stamp, time_s=time_s, raw=original, input_index=input_index)
+
+
+def iter_lines(inputs: list[Input]) -> Iterator[Line]:
+    """Every line of every input, normalised (progress-bar redraws collapsed). For tests and small
+    inputs; the engine reads candidate lines only (loradoctor.logs.scan)."""
+    for item in inputs:
+        lineno = 0
+        for block in iter_blocks(item):
+            lines = block.split(b"\n")
+            if block.endswith(b"\n"):
+                lines.pop()
+            for raw in lines:
+                lineno += 1
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+                line = make_line(raw, item.path, lineno, item.rank, input_index=item.index)
+                if line.rank is not None:
+                    item.ranks.add(line.rank)
+                yield line
+        item.lines = lineno
