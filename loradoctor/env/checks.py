@@ -214,6 +214,32 @@ def best_wheel(driver_cuda: Optional[str], ccs: list[tuple[int, int]]) -> Option
     return fits[-1] if fits else None
 
 
+def pick_wheel(snapshot: dict, ccs: list[tuple[int, int]]) -> tuple[Optional[dict], Optional[str], str]:
+    """(wheel, torch version to pin or None, note) for a reinstall on this machine.
+
+    Prefer the newest tag published for the installed torch release whose CUDA the driver supports
+    (nvidia-smi's "CUDA Version"); else the newest tag of that release the driver runs by CUDA
+    minor-version compatibility (same major, family floor met); else the newest wheel the driver
+    supports without pinning the release.
+    """
+    ceiling = driver_cuda_ceiling(snapshot)
+    version = _torch_base_version(snapshot)
+    release = ".".join(version.split(".")[:2]) if version else None
+    tags = facts()["torch_release_tags"].get(release or "", [])
+    wheels = [w for w in facts()["torch_wheels"] if w["tag"] in tags and all(arch_supports(w["arch"], cc) for cc in ccs)]
+    if ceiling:
+        fits = [w for w in wheels if version_tuple(w["cuda"]) <= version_tuple(ceiling)]
+        if fits:
+            return fits[-1], version, ""
+        drv = _section(snapshot, "nvidia").get("driver_version")
+        compat = [w for w in wheels if version_tuple(w["cuda"])[:1] == version_tuple(ceiling)[:1] and drv
+                  and version_tuple(drv) >= version_tuple(driver_floor(w["cuda"], is_windows(snapshot)) or "999")]
+        if compat:
+            return compat[-1], version, (f" (runs on your CUDA {ceiling} driver by minor-version compatibility; "
+                                         f"torch {version} has no wheel for CUDA {ceiling} or older)")
+    return best_wheel(ceiling, ccs), None, ""
+
+
 def wheel_for_arch(ccs: list[tuple[int, int]]) -> Optional[dict]:
     """The oldest-CUDA wheel that covers every GPU (asks the least of the driver)."""
     for w in facts()["torch_wheels"]:
@@ -310,8 +336,9 @@ def check_torch_installed(snapshot: dict) -> list[Finding]:
     cmd = f"pip install torch --index-url {TORCH_INDEX}/{wheel['tag']}" if wheel else "pip install torch"
     return [_finding(
         "torch_installed", "env.torch_cpu_only", "info" if not gpus(snapshot) else "warning",
-        "torch is not installed in this Python",
-        summary="loradoctor probed the interpreter it runs in; if you train with another one, run loradoctor there.",
+        "torch is not installed" + (" in this Python" if _section(snapshot, "meta").get("source") == "live" else ""),
+        summary=("loradoctor probed the interpreter it runs in; if you train with another one, run loradoctor there."
+                 if _section(snapshot, "meta").get("source") == "live" else ""),
         evidence=[_ev("torch", "torch not found by importlib.metadata")],
         fixes=[Fix("Install a torch build for this machine", cmd)],
     )]
@@ -325,22 +352,22 @@ def check_torch_broken(snapshot: dict) -> list[Finding]:
     status = probe.get("status")
     stderr = str(probe.get("stderr_tail") or "")
     if status == "timeout":
-        what = f"`import torch` hung (killed after {probe.get('timeout_s', '?')} s)"
+        what = f"the torch probe hung: {probe.get('reason') or 'timeout'}"
     elif status == "crashed":
-        what = f"`import torch` crashed the interpreter ({probe.get('reason', 'signal')})"
+        what = f"the interpreter crashed: {probe.get('reason') or 'signal'}"
     else:
         what = f"`import torch` failed: {probe.get('reason') or 'error'}"
     fixes = []
     version = _torch_base_version(snapshot)
     ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
-    wheel = best_wheel(driver_cuda_ceiling(snapshot), ccs) if gpus(snapshot) else None
+    wheel, pin, note = pick_wheel(snapshot, ccs) if gpus(snapshot) else (None, None, "")
     shadows = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
     if shadows or "libcud" in stderr or "undefined symbol" in stderr:
         if shadows:
             fixes.append(Fix("LD_LIBRARY_PATH puts other CUDA libraries before the ones the torch wheel ships; run without it",
                              "env -u LD_LIBRARY_PATH python -c 'import torch; print(torch.__version__)'"))
     if wheel:
-        fixes.append(Fix("Reinstall torch cleanly for this driver", pip_torch_line(wheel, version)))
+        fixes.append(Fix("Reinstall torch cleanly for this driver" + note, pip_torch_line(wheel, pin)))
     else:
         fixes.append(Fix("Reinstall torch cleanly", f"pip install --force-reinstall {'torch==' + version if version else 'torch'}"))
     fixes.append(Fix("Look for two torch installs or a stray torch/ folder on the path",
@@ -374,11 +401,11 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
         )]
     ccs = [c for c in (gpu_cc(g) for g in all_gpus) if c]
     ceiling = driver_cuda_ceiling(snapshot)
-    wheel = best_wheel(ceiling, ccs)
+    wheel, pin, note = pick_wheel(snapshot, ccs)
     fixes = []
     if wheel:
-        fixes.append(Fix(f"Install the newest CUDA build your driver supports (driver CUDA {ceiling or '?'} -> {wheel['tag']})",
-                         pip_torch_line(wheel, version.split("+")[0] or None)))
+        fixes.append(Fix(f"Install the CUDA build your driver supports (driver CUDA {ceiling or '?'} -> {wheel['tag']}){note}",
+                         pip_torch_line(wheel, pin)))
     else:
         need = wheel_for_arch(ccs)
         if need:
@@ -410,13 +437,13 @@ def check_driver_too_old(snapshot: dict) -> list[Finding]:
     too_old = floor is not None and version_tuple(drv) < version_tuple(floor)
     if not too_old:
         return []
-    wheel = best_wheel(ceiling, ccs)
+    wheel, pin, note = pick_wheel(snapshot, ccs)
     need = facts()["driver_for_cuda_linux"].get(".".join(str(cuda).split(".")[:2]), floor)
     fixes = [Fix(f"Update the NVIDIA driver to {need} or newer (CUDA {cuda} needs at least {floor})",
                  "sudo ubuntu-drivers install   # or your distribution's / NVIDIA's driver package")]
     if wheel:
-        fixes.insert(0, Fix(f"Or keep the driver and install the {wheel['tag']} wheel, the newest it runs",
-                            pip_torch_line(wheel, _torch_base_version(snapshot))))
+        fixes.insert(0, Fix(f"Keep the driver and install the {wheel['tag']} build{note}", pip_torch_line(wheel, pin)))
+        fixes[1].text = "Or " + fixes[1].text[0].lower() + fixes[1].text[1:]
     probe_err = [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
                  if "too old" in ln or "insufficient" in ln][:2]
     return [_finding(
@@ -439,10 +466,10 @@ def check_arch_unsupported(snapshot: dict) -> list[Finding]:
         cc = gpu_cc(g)
         if cc is None or arch_supports(arch, cc):
             continue
-        wheel = best_wheel(ceiling, [cc])
+        wheel, pin, note = pick_wheel(snapshot, [cc])
         fixes = []
         if wheel:
-            fixes.append(Fix(f"Install a wheel with sm_{cc[0]}{cc[1]} kernels ({wheel['tag']})", pip_torch_line(wheel)))
+            fixes.append(Fix(f"Install a build with sm_{cc[0]}{cc[1]} kernels ({wheel['tag']}){note}", pip_torch_line(wheel, pin)))
         else:
             need = wheel_for_arch([cc])
             if need:
@@ -485,7 +512,8 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
                        "unset CUDA_VISIBLE_DEVICES   # or: export CUDA_VISIBLE_DEVICES=0")],
         ))
         return out
-    if all_gpus and cuda_build and torch_ok(snapshot) and t.get("device_count") == 0 and "device_count" in t:
+    explained = bool(check_driver_too_old(snapshot)) or bool(check_nvml_mismatch(snapshot))
+    if all_gpus and cuda_build and torch_ok(snapshot) and t.get("device_count") == 0 and "device_count" in t and not explained:
         ev = [_ev("torch.device_count", "torch.cuda.device_count() = 0, cuda.is_available() = False"),
               _ev("nvidia.gpus", f"the driver lists {len(all_gpus)} GPU(s): {all_gpus[0].get('name')}")]
         ev += [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
@@ -701,12 +729,14 @@ def check_ld_library_path(snapshot: dict) -> list[Finding]:
         summary="A different libcudnn / libcudart / libnccl found first gives `cuDNN version incompatibility`, "
                 "`undefined symbol` or NCCL failures.",
         evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d.get('dir')}: {', '.join(d.get('libs', []))}") for d in dirs[:4]],
-        fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)",
-                   "export LD_LIBRARY_PATH=" + ":".join(
-                       p for p in env_vars(snapshot).get("LD_LIBRARY_PATH", "").split(":")
-                       if p and p not in {d.get("dir") for d in dirs}))],
+        fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)", _ld_fix(snapshot, dirs))],
         confidence=0.6,
     )]
+
+
+def _ld_fix(snapshot: dict, dirs: list[dict]) -> str:
+    keep = [p for p in env_vars(snapshot).get("LD_LIBRARY_PATH", "").split(":") if p and p not in {d.get("dir") for d in dirs}]
+    return f"export LD_LIBRARY_PATH={':'.join(keep)}" if keep else "unset LD_LIBRARY_PATH"
 
 
 ALLOC_KEYS_BOOL = {"expandable_segments", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
@@ -824,8 +854,11 @@ def check_other_process(snapshot: dict) -> list[Finding]:
             pid, name = p.get("pid"), p.get("name") or "?"
             zombie = p.get("alive") is False or p.get("status") == "zombie"
             tight = total and free is not None and free < 0.1 * total
-            fixes = ([Fix("The process is gone (or a zombie) but the driver still holds its memory: kill its parent, "
-                          "or reset the GPU when nothing else runs on it", f"nvidia-smi --gpu-reset -i {g.get('index', i)}")]
+            parent = f"kill {p['ppid']}" if p.get("ppid") else f"kill $(ps -o ppid= -p {pid})"
+            fixes = ([Fix("The process is a zombie: its parent has not reaped it, so the driver still holds the memory. "
+                          "Stop the parent", parent),
+                      Fix("If the memory stays held, reset the GPU when nothing else runs on it",
+                          f"sudo nvidia-smi --gpu-reset -i {g.get('index', i)}")]
                      if zombie else
                      [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}"),
                       Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}")])
@@ -941,6 +974,8 @@ def check_host(snapshot: dict) -> list[Finding]:
         ))
     for key, label in (("disk_free_cwd_bytes", "the working directory (checkpoints)"), ("disk_free_hf_cache_bytes", "the Hugging Face cache")):
         free = s.get(key)
+        if key == "disk_free_hf_cache_bytes" and free == s.get("disk_free_cwd_bytes"):
+            continue  # same filesystem: one finding is enough
         if free is not None and free < 20 * GIB:
             out.append(_finding(
                 "host", "env.disk_space", "warning" if free >= 5 * GIB else "error",

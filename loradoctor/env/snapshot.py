@@ -89,7 +89,7 @@ def _field(text: str, label: str) -> Optional[str]:
     if not m:
         return None
     value = m.group(1).strip()
-    return None if value in ("", "N/A", "Could not collect", "None") else value
+    return None if value in ("", "N/A", "Could not collect", "None", "No CUDA") else value
 
 
 def import_collect_env(text: str) -> dict:
@@ -118,7 +118,8 @@ def import_collect_env(text: str) -> dict:
     gpu_names = _collect_env_gpus(text)
     if torch.get("cuda_available") is not None:
         torch["device_count"] = len(gpu_names) if torch["cuda_available"] else 0
-    torch["devices"] = [{"index": i, "name": n} for i, n in enumerate(gpu_names)]
+    # Without CUDA, collect_env lists GPUs from `nvidia-smi -L`: those are the driver's, not torch's.
+    torch["devices"] = [{"index": i, "name": n} for i, n in enumerate(gpu_names)] if torch.get("cuda_available") else []
     cudnn = _collect_env_cudnn(text)
     if cudnn:
         torch["cudnn_version"] = cudnn
@@ -173,7 +174,7 @@ def _collect_env_cudnn(text: str) -> Optional[str]:
         versions = [re.search(r"\.so\.(\d+(?:\.\d+)*)", ln) for ln in tail]
         found = [v.group(1) for v in versions if v]
         return found[-1] if found else None
-    if value in ("", "Could not collect", "N/A"):
+    if value in ("", "Could not collect", "N/A", "No CUDA"):
         return None
     v = re.search(r"(\d+\.\d+(?:\.\d+)?)", value)
     return v.group(1) if v else value
@@ -181,14 +182,14 @@ def _collect_env_cudnn(text: str) -> Optional[str]:
 
 def _collect_env_packages(text: str) -> dict[str, str]:
     pkgs: dict[str, str] = {}
-    for m in re.finditer(r"^\[(pip\d?|conda)\]\s+(\S+)\s+(\S+)", text, re.M):
+    for m in re.finditer(r"^\[(pip\d?|conda)\][ \t]+(\S+)[ \t]+(\S+)", text, re.M):
         manager, name, version = m.groups()
         if manager.startswith("pip") and "==" in name:
             n, _, v = name.partition("==")
             pkgs.setdefault(_norm(n), v)
-        elif manager == "conda":
+        elif manager == "conda" and name != "Could":
             pkgs.setdefault(_norm(name), version)
-    for m in re.finditer(r"^\[pip\d?\]\s+(\S+)==(\S+)\s*$", text, re.M):
+    for m in re.finditer(r"^\[pip\d?\][ \t]+(\S+)==(\S+)[ \t]*$", text, re.M):
         pkgs.setdefault(_norm(m.group(1)), m.group(2))
     return pkgs
 
@@ -204,7 +205,7 @@ _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+
 _SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|")
 _SMI_USE_ROW = re.compile(
     r"^\|\s*(\S+)\s+(\d+)C\s+(P\d+|\S+)\s+(?:(\d+)W\s*/\s*(\d+)W|N/A\s*/\s*N/A|\S+\s*/\s*\S+)?\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
-_SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|")
+_SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|")
 
 
 def import_nvidia_smi_table(text: str) -> dict:
@@ -214,6 +215,9 @@ def import_nvidia_smi_table(text: str) -> dict:
     err = re.search(r"^(NVIDIA-SMI has failed.*|Failed to initialize NVML:.*)$", text, re.M)
     if err:
         snap["nvidia"] = could_not_check(err.group(1).strip())
+        lib = re.search(r"^NVML library version:\s*([\d.]+)", text, re.M)
+        if lib:
+            snap["nvidia"]["library_version"] = lib.group(1)
         return snap
     h = _SMI_HEADER.search(text)
     if h:

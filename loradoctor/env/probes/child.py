@@ -19,6 +19,10 @@ from typing import Any, Optional
 
 MARKER = "LORADOCTOR_PROBE "
 STDERR_TAIL_LINES = 25
+# What the child was doing after it printed each stage (child_torch.py / child_ext.py).
+STAGE_WHAT = {None: "while starting", "start": "while starting", "found": "during the import",
+              "imported": "after the import (CUDA init or extension load)", "cuda_init": "while reading device properties",
+              "devices": "during the deep GPU test", "deep": "while finishing"}
 _HERE = Path(__file__).resolve().parent
 
 
@@ -90,13 +94,13 @@ def interpret(stdout: str, stderr: str, returncode: Optional[int], timed_out: bo
     if tail:
         probe["stderr_tail"] = tail
     if timed_out:
-        probe.update(status="timeout", timeout_s=timeout_s, reason=f"no answer within {timeout_s:g} s (after stage {stage or 'start'})")
+        probe.update(status="timeout", timeout_s=timeout_s, reason=f"no answer within {timeout_s:g} s ({STAGE_WHAT.get(stage, stage)})")
     elif returncode is not None and returncode < 0:
         try:
             sig = signal.Signals(-returncode).name
         except ValueError:
             sig = f"signal {-returncode}"
-        probe.update(status="crashed", reason=f"killed by {sig} (after stage {stage or 'start'})")
+        probe.update(status="crashed", reason=f"killed by {sig} {STAGE_WHAT.get(stage, stage)}")
     elif stage == "missing":
         probe["status"] = "missing"
     elif stage == "done" and returncode == 0:
