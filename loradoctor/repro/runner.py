@@ -180,12 +180,13 @@ def run_repro(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     options: Optional[dict[str, Any]] = None,
     python: Optional[str] = None,
+    env: Optional[dict[str, str]] = None,
 ) -> ReproResult:
     """Run one repro in a child of `python` (default: this interpreter) and return its result.
 
     options travel to the script as one JSON argument; the script also receives `timeout_s` so it
     can size its own inner waits (grandchildren, NCCL timeouts) below the outer limit.
-    Raises UserError for an unknown id.
+    env adds to (or overrides) this process's environment for the child. Raises UserError for an unknown id.
     """
     spec = get_spec(repro_id)
     script: Path = spec.script
@@ -193,5 +194,5 @@ def run_repro(
         return ReproResult(repro_id, "ERROR", f"the repro script is missing: {script}", python=_python_version())
     payload = dict(options or {})
     payload.setdefault("timeout_s", timeout_s)
-    run = run_child([python or sys.executable, str(script), json.dumps(payload)], timeout_s=timeout_s)
+    run = run_child([python or sys.executable, str(script), json.dumps(payload)], timeout_s=timeout_s, env=env)
     return result_from_child(repro_id, run, timeout_s)

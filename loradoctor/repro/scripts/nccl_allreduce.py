@@ -118,15 +118,22 @@ def worker(torch):
 
 
 def main():
-    torch = import_torch()
-    if OPTIONS.get("role") == "worker":
-        worker(torch)
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        emit("SKIP", f"torch {torch.__version__} was built without torch.distributed")
-    gpus = torch.cuda.device_count() if getattr(torch.version, "cuda", None) and torch.cuda.is_available() else 0
     backend = str(OPTIONS.get("backend") or "auto").lower()
+    if OPTIONS.get("role") == "worker" or backend != "gloo":
+        torch = import_torch()
+        if OPTIONS.get("role") == "worker":
+            worker(torch)
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            emit("SKIP", f"torch {torch.__version__} was built without torch.distributed")
+        gpus = torch.cuda.device_count() if getattr(torch.version, "cuda", None) and torch.cuda.is_available() else 0
+    else:  # gloo asked for: the workers import torch; the launcher need not (saves seconds)
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            emit("SKIP", f"torch is not installed for {sys.executable}")
+        gpus = 0
     if backend == "auto":
         backend = "nccl" if gpus >= 2 else "gloo"
     if backend == "nccl":
@@ -170,6 +177,7 @@ def main():
             evidence += data.get("evidence", [])
         else:
             numbers["ranks"].append(data["numbers"])
+            numbers["worker_torch"] = data.get("torch")
         noise = [line for line in err.splitlines() if "NCCL WARN" in line or "Error" in line or "error" in line]
         evidence += [f"rank {rank}: {line.strip()}" for line in noise[-4:]]
     if problems:
