@@ -30,7 +30,7 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("GPU reserved memory", False), ("Non-releasable memory", False),
     ("loss", False), ("train_runtime", False), ("trainable params", False),
     ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False),
-    ("Traceback", False), ('File "', False), (".py:", False), ("Error", False), ("Exception", False),
+    ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
     ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
     ("ChildFailedError", False), ("Root Cause", False), ("local_rank", False), ("exitcode", False),
     ("error_file", False), ("Signal ", False), ("Watchdog", False), ("collective operation timeout", True),
@@ -84,6 +84,8 @@ class OomMessage:
 
 
 _OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+# "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
+_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU) out of memory\.?(?:\s*$|\s+(?!Tried))")
 _OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
 _OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
@@ -99,10 +101,12 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     """Parse a PyTorch out-of-memory message of any generation (shared/reference/pytorch.md §1):
     G1/G2 `(GPU 0; T total capacity; A already allocated; F free; R reserved in total by PyTorch)`,
     G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, and the
-    device-generic `Out of memory. Tried to allocate`. Returns None when the text is no OOM message."""
+    device-generic `Out of memory. Tried to allocate`, and a bare `CUDA out of memory.` without numbers
+    (era `bare`). Returns None when the text is no OOM message."""
     m = _OOM_HEAD_RE.search(text)
     if not m:
-        return None
+        bare = _OOM_BARE_RE.search(text)
+        return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
     rest = text[m.end():]
     hint = None
@@ -236,8 +240,8 @@ def parse_memory_summary(lines: Iterable[str]) -> Optional[MemorySummary]:
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
 _METRIC_RE = re.compile(
-    r"""(?<![\w/])['"]?([A-Za-z_][\w/().\- ]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
-    + r""")(?![\w.])\s*([KMGT]i?B|[KMGT](?![\w]))?""")
+    r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
+    + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
 _UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
 
 
@@ -260,8 +264,6 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     out: dict[str, Any] = {}
     for m in _METRIC_RE.finditer(text):
         key = m.group(1).strip()
-        if not key or " " in key and not key.startswith("memory"):
-            continue
         try:
             value = _float(m.group(2))
         except ValueError:
@@ -314,6 +316,8 @@ class _Series:
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _RICH_FRAME_RE = re.compile(r"^(\S+\.py):(\d+) in (\S+)\s*$")
+_IPYTHON_FRAME_RE = re.compile(r"^File (\S+?):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\(")
+_OLD_IPYTHON_FRAME_RE = re.compile(r"^(\S+\.py) in ()([\w<>]+)\(")
 _EXC_RE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
 
 _LOCATIONS = (  # checked in this order: the more specific phase wins
@@ -709,7 +713,7 @@ class FactCollector:
 
     def _trace(self, line: Any) -> None:
         text = line.text
-        if text.startswith("Traceback (most recent call last)"):
+        if "Traceback (most recent call last)" in text:
             self._in_trace = True
             self._frames = []
             if self._trace_count == 0:
@@ -717,7 +721,8 @@ class FactCollector:
             return
         if not self._in_trace:
             return
-        m = _FRAME_RE.search(text) or _RICH_FRAME_RE.match(text)
+        m = _FRAME_RE.search(text) or _RICH_FRAME_RE.match(text) or _IPYTHON_FRAME_RE.match(text) \
+            or _OLD_IPYTHON_FRAME_RE.match(text)
         if m:
             if len(self._frames) < 200:
                 self._frames.append((m.group(1), m.group(3)))

@@ -64,7 +64,7 @@ class Input:
 
     path: str  # as shown to the user
     source: Optional[Path]  # None for stdin
-    bytes: int  # on disk (compressed size when compressed); stdin: bytes read
+    bytes: int  # on disk (compressed size when compressed); stdin: decompressed bytes read
     compressed: Optional[str] = None  # "gz" | "bz2" | "xz" | None
     rank: Optional[int] = None  # from the file name (rank3.log, node0_rank7.txt)
     lines: int = 0

@@ -1,0 +1,405 @@
+"""Fact extractors, one by one, and the streaming collector."""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from loradoctor.logs.factnames import KNOWN_FACTS
+from loradoctor.logs.facts import (
+    FactCollector, location_from_frames, parse_child_failed, parse_exit_code, parse_memory_summary,
+    parse_metric_record, parse_oom_killer, parse_oom_message, parse_watchdog_timeout, parse_xid, is_bare_killed,
+)
+from loradoctor.logs.reader import Line
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def test_fact_names_match_docs():
+    text = (ROOT / "docs" / "facts.md").read_text()
+    names = []
+    for n in re.findall(r"`((?:oom|memsum|metrics|peft|trace|xid|dist|killed|code43|input|env)\.[a-z0-9_]+)`", text):
+        if n not in names:
+            names.append(n)
+    assert names == list(KNOWN_FACTS)
+
+
+# --- oom ------------------------------------------------------------------------------------
+
+G1 = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 10.76 GiB total capacity; "
+      "9.41 GiB already allocated; 12.44 MiB free; 9.73 GiB reserved in total by PyTorch)")
+G2 = ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB total capacity; 30.00 GiB "
+      "already allocated; 40.00 GiB free; 32.00 GiB allowed; 31.00 GiB reserved in total by PyTorch) If reserved "
+      "memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for "
+      "Memory Management and PYTORCH_CUDA_ALLOC_CONF")
+G3 = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacty of "
+      "23.69 GiB of which 1.12 GiB is free. Process 4242 has 15.00 GiB memory in use. Including non-PyTorch memory, "
+      "this process has 7.55 GiB memory in use. Of the allocated memory 6.80 GiB is allocated by PyTorch, and "
+      "312.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF")
+G4 = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.40 GiB. GPU 0 has a total capacity of "
+      "79.10 GiB of which 2.31 GiB is free. Including non-PyTorch memory, this process has 76.78 GiB memory in use. "
+      "Of the allocated memory 66.95 GiB is allocated by PyTorch, with 1.00 GiB allocated in private pools (e.g., "
+      "CUDA Graphs), and 9.20 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
+      "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+      "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+G5 = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 3 has a total capacity of "
+      "31.36 GiB of which 20.19 MiB is free. Process 1001 has 3.00 GiB memory in use. Process 1002 has 1.50 GiB "
+      "memory in use. Including non-PyTorch memory, this process has 26.80 GiB memory in use. 24.00 GiB allowed; "
+      "Of the allocated memory 25.90 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but "
+      "unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+      "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
+GENERIC = ("torch.OutOfMemoryError: Out of memory. Tried to allocate 1024 bytes. GPU 0 has a total capacity of "
+           "23.99 GiB of which 100.00 MiB is free. Of the allocated memory 22.50 GiB is allocated by PyTorch, and "
+           "600.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
+           "setting PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+WDDM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of "
+        "8.00 GiB of which 0 bytes is free. Of the allocated memory 7.10 GiB is allocated by PyTorch, and "
+        "120.00 MiB is reserved by PyTorch but unallocated. Including non-PyTorch memory, this process has "
+        "17179869184.00 GiB memory in use.")
+
+
+def test_oom_g1_numbers():
+    m = parse_oom_message(G1)
+    assert m.era == "G1"
+    assert m.requested_bytes == 20971520  # 20 * 2**20
+    assert m.device_index == 0
+    assert m.total_bytes == 11553462026  # round(10.76 * 2**30)
+    assert m.allocated_bytes == 10103910564  # round(9.41 * 2**30)
+    assert m.free_bytes == 13044285  # round(12.44 * 2**20)
+    assert m.reserved_bytes == 10447507948  # round(9.73 * 2**30)
+    assert m.reserved_unallocated_bytes == 343597384  # reserved - allocated
+    assert m.other_unaccounted_bytes == 1092909793  # total - free - reserved
+    assert m.hint is None and m.this_process_bytes is None
+
+
+def test_oom_g2_hint_and_allowed():
+    m = parse_oom_message(G2)
+    assert (m.era, m.device_index, m.hint) == ("G2", 1, "max_split_size_mb")
+    assert m.allowed_bytes == 32 * GIB
+    assert m.reserved_bytes == 31 * GIB and m.allocated_bytes == 30 * GIB and m.free_bytes == 40 * GIB
+    assert m.reserved_unallocated_bytes == 1 * GIB
+
+
+def test_oom_g3_typo_other_process_and_derived():
+    m = parse_oom_message(G3)
+    assert m.era == "G3"
+    assert m.requested_bytes == 2 * GIB
+    assert m.total_bytes == 25436943811  # round(23.69 * 2**30)
+    assert m.free_bytes == 1202590843  # round(1.12 * 2**30)
+    assert m.other_process_bytes == 15 * GIB and m.other_process_count == 1
+    assert m.this_process_bytes == 8106750771  # round(7.55 * 2**30)
+    assert m.allocated_bytes == 7301444403  # round(6.80 * 2**30)
+    assert m.reserved_unallocated_bytes == 312 * MIB
+    assert m.reserved_bytes == 7301444403 + 312 * MIB  # allocated + unallocated
+    assert m.other_unaccounted_bytes == 25436943811 - 1202590843 - 8106750771  # total - free - this process
+    assert m.non_pytorch_bytes == 8106750771 - (7301444403 + 312 * MIB)  # this process - reserved
+    assert m.hint == "max_split_size_mb"
+
+
+def test_oom_g4_private_pools_and_fragmentation_numbers():
+    m = parse_oom_message(G4)
+    assert m.era == "G4" and m.hint == "expandable_segments"
+    assert m.requested_bytes == 4724464026  # round(4.40 * 2**30)
+    assert m.reserved_unallocated_bytes == 9878424781  # round(9.20 * 2**30)
+    assert m.private_pool_bytes == GIB
+    assert m.reserved_bytes == 71887015117 + 9878424781 + GIB  # A + U + P
+    assert m.other_process_bytes is None
+
+
+def test_oom_g5_two_processes_and_allowed():
+    m = parse_oom_message(G5)
+    assert m.era == "G5" and m.device_index == 3
+    assert m.requested_bytes == 512 * MIB
+    assert m.other_process_bytes == 3 * GIB + GIB + GIB // 2 and m.other_process_count == 2
+    assert m.allowed_bytes == 24 * GIB
+
+
+def test_oom_generic_form_and_bytes_unit():
+    m = parse_oom_message(GENERIC)
+    assert m.era == "generic" and m.requested_bytes == 1024
+    assert m.reserved_unallocated_bytes == 600 * MIB
+
+
+def test_oom_wddm_garbage_is_dropped():
+    m = parse_oom_message(WDDM)
+    assert m.this_process_bytes is None and m.non_pytorch_bytes is None
+    assert m.free_bytes == 0 and m.total_bytes == 8 * GIB
+
+
+def test_oom_bare_and_non_oom():
+    assert parse_oom_message("torch.OutOfMemoryError: CUDA out of memory.").era == "bare"
+    assert parse_oom_message("RuntimeError: CUDA error: out of memory") is None
+    assert parse_oom_message("Out of memory: Killed process 12 (python)") is None
+    assert parse_oom_message("everything fine") is None
+
+
+# --- memory summary --------------------------------------------------------------------------
+
+MEMSUM = """|===========================================================================|
+|                  PyTorch CUDA memory summary, device ID 0                 |
+|---------------------------------------------------------------------------|
+|            CUDA OOMs: 1            |        cudaMalloc retries: 37        |
+|===========================================================================|
+|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |
+|---------------------------------------------------------------------------|
+| Allocated memory      |  18636 MiB |  22425 MiB |   2887 GiB |   2870 GiB |
+|       from large pool |  18077 MiB |  21752 MiB |   2800 GiB |   2784 GiB |
+| GPU reserved memory   |  23961 MiB |  23961 MiB |  25600 MiB |   1638 MiB |
+|       from large pool |  23242 MiB |  23242 MiB |  24832 MiB |   1589 MiB |
+| Non-releasable memory |   2969 MiB |   4198 MiB |   2048 GiB |   2046 GiB |
+| Allocations           |    1843    |    2210    |    4100 K  |    4098 K  |
+"""
+
+
+def test_memory_summary():
+    s = parse_memory_summary(MEMSUM.splitlines())
+    assert s.allocated_bytes == 18636 * MIB and s.peak_allocated_bytes == 22425 * MIB
+    assert s.reserved_bytes == 23961 * MIB and s.peak_reserved_bytes == 23961 * MIB
+    assert s.non_releasable_bytes == 2969 * MIB
+    assert s.reserved_unallocated_bytes == (23961 - 18636) * MIB
+    assert (s.oom_count, s.alloc_retries) == (1, 37)
+    assert parse_memory_summary(["nothing", "| here |"]) is None
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+def test_metric_record_dict_with_bare_nan_inf():
+    r = parse_metric_record("{'loss': nan, 'grad_norm': inf, 'learning_rate': 1.9e-05, 'epoch': 0.12}")
+    assert math.isnan(r["loss"]) and r["grad_norm"] == math.inf
+    assert r["learning_rate"] == pytest.approx(1.9e-05) and r["epoch"] == 0.12
+
+
+def test_metric_record_key_value_forms():
+    assert parse_metric_record("step 10 loss=1.2345 lr=2e-5 grad_norm=-inf")["grad_norm"] == -math.inf
+    assert parse_metric_record("epoch 1 | loss: 0.75 | eval_loss: 0.9") == {"loss": 0.75, "eval_loss": 0.9}
+    assert parse_metric_record("Epoch 0:  40%|████  | 4/10 [00:02<00:03, loss=2.31, v_num=0]")["loss"] == 2.31
+    r = parse_metric_record("{'loss': 1.1, 'memory/max_mem_allocated(gib)': 12.5, 'memory/device_mem_reserved(gib)': 14.0}")
+    assert r["memory/max_mem_allocated(gib)"] == 12.5
+    assert parse_metric_record("gpu_mem=12.3G loss=1.0")["gpu_mem"] == (12.3, "G")
+    assert parse_metric_record("nothing to see") is None
+
+
+def line(text, n=1, file="t.log", rank=None, time_s=None, index=0):
+    return Line(file=file, lineno=n, text=text, rank=rank, time_s=time_s, raw=text, input_index=index)
+
+
+def collect(texts, **kw):
+    c = FactCollector()
+    for i, t in enumerate(texts, 1):
+        c.feed(line(t, i, **kw))
+    return c.finish()
+
+
+def test_metric_series_facts():
+    losses = [2.0, 1.5, 1.0, 1.2, 3.5, "nan", "nan"]
+    grads = [1.0, 2.0, 4.0, 8.0, 50.0, "nan", "nan"]
+    texts = [f"{{'loss': {l}, 'grad_norm': {g}, 'learning_rate': {1e-4 * (i + 1)}, 'epoch': 0.{i}}}"
+             for i, (l, g) in enumerate(zip(losses, grads))]
+    texts.append("{'eval_loss': 1.91, 'eval_runtime': 12.3, 'epoch': 1.0}")
+    f = collect(texts).flat()
+    assert f["metrics.steps"] == 7
+    assert f["metrics.first_loss"] == 2.0 and f["metrics.last_loss"] == 3.5
+    assert f["metrics.min_loss"] == 1.0 and f["metrics.max_loss"] == 3.5
+    assert f["metrics.loss_nan_count"] == 2
+    assert f["metrics.first_nonfinite_index"] == 6 and f["metrics.finite_before_nan"] == 5
+    assert f["metrics.loss_rise_ratio"] == pytest.approx(3.5)
+    assert f["metrics.grad_norm_first"] == 1.0 and f["metrics.grad_norm_max"] == 50.0
+    assert f["metrics.grad_norm_growth"] == 50.0 and f["metrics.grad_norm_nan_count"] == 2
+    assert f["metrics.lr_max"] == pytest.approx(7e-4) and f["metrics.lr_last"] == pytest.approx(7e-4)
+    assert f["metrics.eval_loss_last"] == 1.91
+    assert "metrics.train_finished" not in f
+
+
+def test_flat_zero_and_finished():
+    texts = ["{'loss': 0.0, 'learning_rate': 0.0}"] * 30 + ["{'loss': 0.5}", "{'loss': 0.5}"]
+    texts.append("{'train_runtime': 151.3, 'train_samples_per_second': 5.3, 'train_loss': 0.2, 'epoch': 3.0}")
+    f = collect(texts).flat()
+    assert f["metrics.loss_zero_count"] == 30 and f["metrics.loss_flat_steps"] == 30
+    assert f["metrics.loss_range"] == 0.5 and f["metrics.train_finished"] is True
+    assert f["metrics.steps"] == 32  # train_loss is not a step record
+
+
+def test_memory_metric_growth():
+    texts = [f"{{'loss': 1.0, 'memory/max_mem_allocated(gib)': {10 + i}.0}}" for i in range(6)]
+    f = collect(texts).flat()
+    assert f["metrics.mem_first_bytes"] == 10 * GIB and f["metrics.mem_last_bytes"] == 15 * GIB
+    assert f["metrics.mem_max_bytes"] == 15 * GIB
+    assert f["metrics.mem_growth_ratio"] == pytest.approx(1.5) and f["metrics.mem_rising_records"] == 5
+
+
+def test_series_stay_bounded():
+    c = FactCollector()
+    for i in range(20000):
+        c.feed(line(f"{{'loss': {1 + (i % 7) / 10}}}", i + 1))
+    facts = c.finish()
+    assert facts.flat()["metrics.steps"] == 20000
+    assert 64 <= len(facts.series["loss"]) <= 256
+    assert facts.series["loss"][0][0] == 1 and facts.series["loss"][-1][0] > 19000
+
+
+def test_peft_and_overflow():
+    f = collect([
+        "trainable params: 4,194,304 || all params: 6,742,609,920 || trainable%: 0.0622",
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+        "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 16384",
+    ]).flat()
+    assert f["peft.trainable_params"] == 4194304 and f["peft.all_params"] == 6742609920
+    assert f["metrics.overflow_skips"] == 2 and f["metrics.loss_scale_min"] == 16384
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+def test_traceback_location_and_oom_phase():
+    texts = [
+        "Traceback (most recent call last):",
+        '  File "/w/train.py", line 80, in <module>',
+        '  File "/venv/transformers/trainer.py", line 1555, in train',
+        '  File "/venv/transformers/trainer.py", line 3048, in evaluation_loop',
+        '  File "/venv/torch/nn/modules/module.py", line 1532, in _call_impl',
+        '  File "/venv/transformers/models/llama/modeling_llama.py", line 1200, in forward',
+        G4,
+    ]
+    f = collect(texts).flat()
+    assert f["trace.count"] == 1 and f["trace.exception"] == "torch.OutOfMemoryError"
+    assert f["trace.location"] == "eval" and f["oom.phase"] == "eval"
+    assert f["trace.message"].startswith("CUDA out of memory. Tried to allocate 4.40 GiB")
+
+
+@pytest.mark.parametrize("funcs,phase", [
+    ([("a.py", "train"), ("b.py", "training_step"), ("c.py", "backward"), ("d.py", "_engine_run_backward")], "backward"),
+    ([("a.py", "main"), ("t/modeling_utils.py", "from_pretrained"), ("m.py", "_load_state_dict_into_meta_model")], "load"),
+    ([("a.py", "train"), ("accelerate/optimizer.py", "step"), ("torch/optim/adamw.py", "step")], "optimizer"),
+    ([("a.py", "train"), ("t.py", "_save_checkpoint"), ("t.py", "save_pretrained")], "save"),
+    ([("a.py", "main"), ("m.py", "to")], "load"),
+    ([("a.py", "train"), ("t.py", "training_step"), ("m.py", "forward")], "forward"),
+    ([("a.py", "main")], None),
+])
+def test_location_from_frames(funcs, phase):
+    assert location_from_frames(funcs) == phase
+
+
+def test_rich_traceback_frames():
+    f = collect(["Traceback (most recent call last)", "/venv/transformers/trainer.py:1555 in train",
+                 "/venv/peft/tuners/lora/layer.py:497 in forward", "OutOfMemoryError: CUDA out of memory."]).flat()
+    assert f["trace.exception"] == "OutOfMemoryError" and f["trace.location"] == "forward"
+
+
+# --- xid -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,xid,pci,pid,name,bus", [
+    ("NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", 79, "0000:05:00", None, None, True),
+    ("NVRM: Xid (PCI:0000:04:00): 69, pid=34566, name=python3, BAR1 access failure at address 0x1", 69, "0000:04:00", 34566, "python3", False),
+    ("NVRM: Xid (0000:03:00): 14, Channel 00000001", 14, "0000:03:00", None, None, False),
+    ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.", 79, "0000:01:00", None, None, True),
+    ("NVRM: Xid (PCI:0000:05:00): 79, pid=1173, GPU has fallen off the bus.", 79, "0000:05:00", 1173, None, True),
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 48, pid=99, name=python, An uncorrectable double bit error", 48, "0000:3b:00", 99, "python", False),
+    ("NVRM: Xid (PCI:0000:9B:00): 119, pid=2, name=nvidia-smi, Timeout after 6s of waiting for RPC response", 119, "0000:9b:00", 2, "nvidia-smi", False),
+])
+def test_parse_xid_shapes(text, xid, pci, pid, name, bus):
+    e = parse_xid(text)
+    assert (e.xid, e.pci, e.pid, e.process, e.fell_off_bus) == (xid, pci, pid, name, bus)
+
+
+def test_xid_facts_and_bus_without_xid():
+    f = collect([
+        "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:3b:00): 63, pid=10, name=python, Row Remapper: New row marked for remapping",
+        "NVRM: Xid (PCI:0000:3b:00): 48, pid=10, name=python, DBE",
+        "NVRM: Xid (PCI:0000:3b:00): 63, pid=10, name=python, again",
+    ]).flat()
+    assert f["xid.fell_off_bus"] is True
+    assert f["xid.count"] == 3 and f["xid.numbers"] == [63, 48] and f["xid.first"] == 63
+    assert f["xid.pci"] == "0000:3b:00" and f["xid.pid"] == 10 and f["xid.process"] == "python"
+    assert parse_xid("NVRM: loading NVIDIA UNIX x86_64 Kernel Module") is None
+
+
+# --- dist ------------------------------------------------------------------------------------
+
+CHILD_FAILED = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2024-05-18_19:02:41
+  host      : node1
+  rank      : 5 (local_rank: 1)
+  exitcode  : 1 (pid: 2222)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-05-18_19:02:39
+  host      : node1
+  rank      : 3 (local_rank: 3)
+  exitcode  : -9 (pid: 1234)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 1234
+============================================================"""
+
+
+def test_parse_child_failed_prefers_root_cause():
+    e = parse_child_failed(CHILD_FAILED.splitlines())
+    assert (e.rank, e.local_rank, e.exit_code, e.pid, e.signal, e.host) == (3, 3, -9, 1234, "SIGKILL", "node1")
+    assert parse_child_failed(["nothing"]) is None
+    e = parse_child_failed(["[0]:", "  rank      : 2 (local_rank: 2)", "  exitcode  : -6 (pid: 9)"])
+    assert (e.rank, e.exit_code, e.signal) == (2, -6, "SIGABRT")
+
+
+def test_child_failed_facts_streaming():
+    f = collect(CHILD_FAILED.splitlines()).flat()
+    assert f["dist.child_failed"] is True and f["dist.failed_rank"] == 3
+    assert f["dist.exit_code"] == -9 and f["dist.signal"] == "SIGKILL" and f["killed.exit_code"] == -9
+
+
+WATCHDOG = ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
+            "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600036 milliseconds before timing out.")
+
+
+def test_watchdog_timeouts():
+    t = parse_watchdog_timeout(WATCHDOG)
+    assert (t.rank, t.timeout_ms, t.ran_ms, t.op) == (3, 600000, 600036, "ALLREDUCE")
+    c = FactCollector()
+    c.feed(line(WATCHDOG.replace("[Rank 3]", "[Rank 1]"), 10, time_s=200.0))
+    c.feed(line(WATCHDOG, 11, time_s=100.0))
+    c.feed(line("RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error", 12, rank=0))
+    f = c.finish().flat()
+    assert f["dist.timeout_count"] == 2 and f["dist.timeout_ranks"] == [1, 3]
+    assert f["dist.first_timeout_rank"] == 3  # earlier by timestamp although later in the file
+    assert f["dist.timeout_ms"] == 600000 and f["dist.nccl_error_count"] == 1 and f["dist.ranks"] == [0]
+
+
+# --- killed, code 43 -------------------------------------------------------------------------
+
+def test_oom_killer_and_bare_killed():
+    k = parse_oom_killer("Out of memory: Killed process 12345 (python) total-vm:98765432kB, anon-rss:62914560kB, "
+                         "file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:123456kB oom_score_adj:0")
+    assert (k.pid, k.process, k.anon_rss_bytes) == (12345, "python", 62914560 * 1024)
+    k = parse_oom_killer("Memory cgroup out of memory: Killed process 2231 (pt_main_thread) total-vm:1kB, anon-rss:2048kB")
+    assert (k.pid, k.process, k.anon_rss_bytes) == (2231, "pt_main_thread", 2 * MIB)
+    assert parse_oom_killer("Out of memory: Kill process 77 (python) score 900 or sacrifice child").pid == 77
+    assert is_bare_killed("Killed")
+    assert is_bare_killed("/bin/bash: line 1: 12345 Killed                  python train.py")
+    assert not is_bare_killed("Killed process 1 (x)") and not is_bare_killed("Process was killed by user")
+    assert parse_exit_code("ERROR: process exited with code 137") == 137
+    assert parse_exit_code("subprocess.CalledProcessError: ... died with <Signals.SIGKILL: 9>.") == -9
+    f = collect(["Killed", "[ 5107.1] Out of memory: Killed process 9 (python) total-vm:1kB, anon-rss:1024kB"]).flat()
+    assert f["killed.bare"] is True and f["killed.oom_killer"] is True and f["killed.anon_rss_bytes"] == MIB
+
+
+def test_code43():
+    f = collect(["NVIDIA GeForce RTX 3080: Windows has stopped this device because it has reported problems. (Code 43)"]).flat()
+    assert f["code43.present"] is True and f["code43.device"] == "NVIDIA GeForce RTX 3080"
+
+
+def test_evidence_groups_keep_source_lines():
+    facts = collect(["noise", G4])
+    (ev,) = facts.evidence("oom")
+    assert (ev.file, ev.line) == ("t.log", 2) and ev.text.startswith("torch.OutOfMemoryError")
+    assert facts.flat()["oom.count"] == 1
