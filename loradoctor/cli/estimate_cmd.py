@@ -1,7 +1,261 @@
-"""Placeholder: this command family is being built (see the open issues)."""
+"""`loradoctor estimate`, `loradoctor preflight` and `loradoctor measure`: one option signature for all three.
+
+The options describing a run are defined once (RUN_OPTIONS) and attached to each command's signature,
+so `measure` (issue 5, loradoctor.repro.measure) takes exactly what `estimate` takes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, List, Optional
 
 import typer
 
+from loradoctor.errors import UserError
+
+
+def _opt(default: Any, *names: str, **kw: Any) -> Any:
+    return typer.Option(default, *names, **kw)
+
+
+# name -> (annotation, typer.Option). None defaults mean "not given": config files and defaults fill in.
+RUN_OPTIONS: list[tuple[str, Any, Any]] = [
+    ("model", Optional[str], _opt(None, "--model", "-m", metavar="ID|PATH",
+                                  help="Model folder, config.json, an id in the local HF cache, or a preset (e.g. meta-llama/Llama-3.1-8B).")),
+    ("config", Optional[List[Path]], _opt(None, "--config", "-c", metavar="FILE|DIR",
+                                          help="axolotl / LLaMA-Factory YAML, TrainingArguments JSON, adapter_config.json, or a folder (repeatable). Options on the command line win.")),
+    ("method", Optional[str], _opt(None, "--method", help="full | lora | qlora (default lora).")),
+    ("quant", Optional[str], _opt(None, "--quant", help="none | 8bit | nf4 | fp4 (qlora implies nf4).")),
+    ("double_quant", Optional[bool], _opt(None, "--double-quant/--no-double-quant", help="bitsandbytes double quantization of the 4-bit scales.")),
+    ("rank", Optional[int], _opt(None, "--rank", "-r", help="LoRA rank (default 16).")),
+    ("alpha", Optional[int], _opt(None, "--alpha", help="LoRA alpha (default 2 x rank; does not change memory).")),
+    ("dropout", Optional[float], _opt(None, "--dropout", help="LoRA dropout (default 0.05; > 0 saves a mask per target).")),
+    ("targets", Optional[str], _opt(None, "--targets", metavar="LIST", help="Target modules, comma-separated, or all-linear (default q_proj,v_proj).")),
+    ("modules_to_save", Optional[str], _opt(None, "--modules-to-save", metavar="LIST", help="Fully trained modules, e.g. embed_tokens,lm_head.")),
+    ("batch", Optional[int], _opt(None, "--batch", "-b", help="Per-device micro-batch size (default 1).")),
+    ("seq_len", Optional[int], _opt(None, "--seq-len", "-s", help="Longest sequence in a batch, tokens (default 2048).")),
+    ("grad_accum", Optional[int], _opt(None, "--grad-accum", help="Gradient accumulation steps (does not change the peak).")),
+    ("gradient_checkpointing", Optional[bool], _opt(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing (default off, as in TrainingArguments).")),
+    ("attn", Optional[str], _opt(None, "--attn", help="eager | sdpa | flash_attention_2 (default sdpa).")),
+    ("optim", Optional[str], _opt(None, "--optim", help="adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, adafactor, sgd.")),
+    ("precision", Optional[str], _opt(None, "--precision", help="bf16 | fp16 (mixed, PEFT keeps adapters fp32) | fp32 | bf16-true (everything bf16).")),
+    ("framework", Optional[str], _opt(None, "--framework", help="hf (transformers+peft, default) | litgpt | torchtune.")),
+]
+RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
+
+
+def _command(func: Callable[..., Any], extra: list[tuple[str, Any, Any]]) -> Callable[..., Any]:
+    """Give `func(**kwargs)` a signature made of RUN_OPTIONS + extra, which typer reads as its options."""
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
+              for name, ann, default in RUN_OPTIONS + extra]
+
+    def wrapper(**kwargs: Any) -> Any:
+        return func(**kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__doc__ = func.__doc__
+    wrapper.__name__ = func.__name__
+    return wrapper
+
+
+def resolve_from_options(kwargs: dict[str, Any]):
+    """(EstimateInputs, provenance) from the parsed options. Public for measure and tests."""
+    from loradoctor.estimate.inputs import resolve_inputs
+
+    cli = {k: kwargs.get(k) for k in RUN_OPTION_NAMES if k != "config"}
+    return resolve_inputs(cli, kwargs.get("config") or [])
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in ("text", "json"):
+        raise UserError(f"--format must be text or json, not {fmt!r}")
+
+
+# --- estimate ------------------------------------------------------------------------------------
+
+def _estimate(**kw: Any) -> None:
+    """Predict peak GPU memory of a LoRA / QLoRA / full fine-tuning run: a breakdown per component, a band,
+    a verdict against a card (--gpu / --vram) and what to change first. Exit 0; 1 when it does not fit
+    the given card; 2 bad usage."""
+    from loradoctor.estimate.fit import fit as fit_run
+    from loradoctor.estimate.inputs import assumed, gpu_budget
+    from loradoctor.estimate.memory import estimate
+
+    fmt = kw["fmt"]
+    _check_format(fmt)
+    inputs, provenance = resolve_from_options(kw)
+    est = estimate(inputs)
+    gpu = gpu_budget(kw.get("gpu"), kw.get("vram"))
+    result = fit_run(est.inputs, est, gpu, what_if=kw.get("what_if", True)) if gpu is not None else None
+    if fmt == "json":
+        from loradoctor.render.estimate_view import estimate_document
+        from loradoctor.render.json import dumps
+
+        typer.echo(dumps(estimate_document(est, result, provenance)))
+    else:
+        from loradoctor.render.estimate_view import print_estimate
+        from loradoctor.render.terminal import console
+
+        print_estimate(console(), est, result, provenance, assumed(provenance))
+    if result is not None and result.verdict == "does not fit":
+        raise typer.Exit(1)
+
+
+ESTIMATE_EXTRA: list[tuple[str, Any, Any]] = [
+    ("gpu", Optional[str], _opt(None, "--gpu", metavar="NAME", help="Judge against this card (e.g. 'RTX 4090', A100-80GB, T4); see loradoctor/data/gpus.yaml.")),
+    ("vram", Optional[str], _opt(None, "--vram", metavar="SIZE", help="Judge against this much memory, e.g. 24GB or 22.5GiB.")),
+    ("what_if", bool, _opt(True, "--what-if/--no-what-if", help="Search the largest batch / longest sequence and rank the fixes.")),
+    ("fmt", str, _opt("text", "--format", help="text or json.")),
+]
+
+
+# --- preflight -----------------------------------------------------------------------------------
+
+def _requested_features(inputs: Any) -> list[str]:
+    feats = []
+    if inputs.precision.startswith("bf16"):
+        feats.append("bf16")
+    if inputs.precision.startswith("fp16"):
+        feats.append("fp16")
+    if inputs.attn == "flash_attention_2":
+        feats.append("flash-attn")
+    if inputs.quant != "none" or "8bit" in inputs.optim or "paged" in inputs.optim:
+        feats.append("bnb")
+    return feats
+
+
+def _gpu_index(explicit: Optional[int]) -> int:
+    """The GPU the run will use: --gpu-index, else the first of CUDA_VISIBLE_DEVICES when it is a number."""
+    if explicit is not None:
+        return explicit
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: int, gpu_override: Any = None) -> dict[str, Any]:
+    """Pure core of preflight: env findings + the estimate against the free memory of the GPU in the snapshot.
+    Returns {go, reason, first_fix, findings, estimate, fit}."""
+    from loradoctor.env.checks import run_checks
+    from loradoctor.estimate.fit import fit as fit_run, gpu_from_snapshot
+    from loradoctor.estimate.memory import estimate
+    from loradoctor.findings import assign_ranks
+
+    snap = dict(snapshot)
+    feats = _requested_features(inputs)
+    if feats:
+        prev = snap.get("requested") if isinstance(snap.get("requested"), dict) else {}
+        snap["requested"] = {"features": sorted(set(list(prev.get("features") or []) + feats)), "source": "preflight (run config)"}
+    findings = assign_ranks(run_checks(snap))
+    est = estimate(inputs)
+    gpu = gpu_override or gpu_from_snapshot(snap, gpu_index)
+    result = fit_run(est.inputs, est, gpu, what_if=True) if gpu is not None else None
+    errors = [f for f in findings if f.severity == "error"]
+    go, reason, first_fix = True, "", ""
+    if errors:
+        top = errors[0]
+        go = False
+        reason = f"{top.title} ({top.cause})"
+        if top.fixes:
+            first_fix = top.fixes[0].command or top.fixes[0].text
+    elif result is None:
+        go = False
+        reason = "no GPU visible to judge the memory against (nvidia section missing or failed)"
+        first_fix = "loradoctor env"
+    elif result.verdict == "does not fit":
+        go = False
+        reason = (f"needs about {est.device_used_bytes / 2**30:.2f} GiB, {result.gpu.name} has "
+                  f"{result.gpu.memory_bytes / 2**30:.2f} GiB: it will run out of memory")
+        fitting = [c for c in result.advice if c.fits]
+        pick = fitting[0] if fitting else (max(result.advice, key=lambda c: c.saves_bytes) if result.advice else None)
+        if pick is not None:
+            first_fix = f"{pick.text} ({pick.option}), saves {pick.saves_bytes / 2**30:.2f} GiB"
+    if go:
+        if result is not None and result.verdict == "tight":
+            reason = (f"the run should start; memory is tight ({result.headroom_bytes / 2**30:.2f} GiB headroom "
+                      f"on {result.gpu.name}, the band reaches {est.band[1] / 2**30:.2f} GiB)")
+        else:
+            room = f"{result.headroom_bytes / 2**30:.2f} GiB headroom on {result.gpu.name}" if result else ""
+            reason = f"the run can start; {room}"
+    return {"go": go, "reason": reason, "first_fix": first_fix, "findings": findings, "estimate": est, "fit": result}
+
+
+def _preflight(**kw: Any) -> None:
+    """Quick environment checks + the memory estimate against the GPU this run will use (its free memory now,
+    other processes included). One screen. Exit 0 the run can start, 1 it will fail (with the reason and
+    the first fix), 2 bad usage. Put it before `python train.py`."""
+    fmt = kw["fmt"]
+    _check_format(fmt)
+    inputs, provenance = resolve_from_options(kw)
+    snap_path = kw.get("snapshot")
+    if snap_path:
+        from loradoctor.env.snapshot import load_snapshot
+
+        snapshot = load_snapshot(str(snap_path))
+    else:
+        try:
+            from loradoctor.env import collect_snapshot
+        except ImportError as exc:  # pragma: no cover - the env package is part of loradoctor
+            raise UserError(f"environment probes unavailable: {exc}") from None
+        snapshot = collect_snapshot(quick=True)
+    from loradoctor.estimate.inputs import gpu_budget
+
+    override = gpu_budget(kw.get("gpu"), kw.get("vram"))
+    out = run_preflight(inputs, snapshot, _gpu_index(kw.get("gpu_index")), override)
+    if fmt == "json":
+        from loradoctor.render.estimate_view import preflight_document
+        from loradoctor.render.json import dumps
+
+        typer.echo(dumps(preflight_document(out["estimate"], out["fit"], provenance, out["findings"], out["go"],
+                                            out["reason"], out["first_fix"])))
+    else:
+        from loradoctor.render.estimate_view import print_preflight
+        from loradoctor.render.terminal import console
+
+        print_preflight(console(), out["estimate"], out["fit"], out["findings"], out["go"], out["reason"], out["first_fix"])
+    raise typer.Exit(0 if out["go"] else 1)
+
+
+PREFLIGHT_EXTRA: list[tuple[str, Any, Any]] = [
+    ("gpu_index", Optional[int], _opt(None, "--gpu-index", help="Which GPU the run uses (default: first of CUDA_VISIBLE_DEVICES, else 0).")),
+    ("gpu", Optional[str], _opt(None, "--gpu", metavar="NAME", help="Judge against this card's full memory instead of the free memory now.")),
+    ("vram", Optional[str], _opt(None, "--vram", metavar="SIZE", help="Judge against this much memory instead of the free memory now.")),
+    ("snapshot", Optional[Path], _opt(None, "--snapshot", metavar="FILE", hidden=True,
+                                      help="Use a saved `env --format json` snapshot instead of probing (tests, remote machines).")),
+    ("fmt", str, _opt("text", "--format", help="text or json.")),
+]
+
+
+# --- measure (issue 5: loradoctor.repro.measure) -------------------------------------------------
+
+def _measure(**kw: Any) -> None:
+    """Build the model from its config with random weights on this GPU and measure a few real training steps
+    (peak allocated / reserved / device), next to the estimate. Needs an NVIDIA GPU and a CUDA torch."""
+    fmt = kw["fmt"]
+    _check_format(fmt)
+    steps, timeout_s = kw["steps"], kw["timeout"]
+    if steps < 1:
+        raise UserError("--steps must be at least 1")
+    if not 0 < timeout_s <= 24 * 3600:
+        raise UserError("--timeout must be between 0 and 86400 seconds")
+    inputs, _ = resolve_from_options(kw)
+    try:
+        from loradoctor.repro.measure import measure_command
+    except ImportError as exc:
+        raise UserError(f"measure is not available in this build ({exc})") from None
+    raise typer.Exit(measure_command(inputs, fmt, steps, timeout_s))
+
+
+MEASURE_EXTRA: list[tuple[str, Any, Any]] = [
+    ("steps", int, _opt(5, "--steps", help="Training steps to measure (the first is warm-up).")),
+    ("timeout", float, _opt(600.0, "--timeout", metavar="SECONDS", help="Give up after this long.")),
+    ("fmt", str, _opt("text", "--format", help="text or json.")),
+]
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("estimate")(_command(_estimate, ESTIMATE_EXTRA))
+    app.command("preflight")(_command(_preflight, PREFLIGHT_EXTRA))
+    app.command("measure")(_command(_measure, MEASURE_EXTRA))

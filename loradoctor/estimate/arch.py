@@ -260,7 +260,8 @@ def presets() -> dict[str, dict[str, Any]]:
         import yaml
 
         text = (Path(__file__).resolve().parent.parent / "data" / "presets.yaml").read_text(encoding="utf-8")
-        _PRESETS = yaml.safe_load(text) or {}
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
+        _PRESETS = yaml.load(text, Loader=loader) or {}
     return _PRESETS
 
 

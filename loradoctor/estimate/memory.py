@@ -531,7 +531,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
     peak_alloc = static + (opt_bytes if not paged else 0) + dynamic
 
     # caching allocator: blocks are rounded and fragment as activation shapes vary from step to step
-    slack = int(0.03 * static + 0.12 * dynamic) + 128 * MIB
+    slack = int(0.02 * static + 0.07 * dynamic) + 128 * MIB
     peak_reserved = peak_alloc + slack
     paged_bytes = opt_bytes if paged else 0
     device = peak_reserved + CUDA_CONTEXT_BYTES + paged_bytes

@@ -1,0 +1,150 @@
+"""Rendering of `loradoctor estimate` / `preflight`: a breakdown table with a bar per component, the
+total against the card, the verdict and what to change; or the `loradoctor.estimate/1` JSON document."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from loradoctor.units import GIB
+
+ESTIMATE_SCHEMA = "loradoctor.estimate/1"
+PREFLIGHT_SCHEMA = "loradoctor.preflight/1"
+VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red"}
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def estimate_document(est: Any, fit: Optional[Any], provenance: dict[str, str]) -> dict[str, Any]:
+    """The JSON document: schema, inputs, components (bytes), the three peaks, band, gpu, verdict, advice."""
+    fit_d = fit.to_dict() if fit is not None else None
+    return {
+        "schema": ESTIMATE_SCHEMA,
+        "inputs": est.inputs.to_dict(),
+        "provenance": provenance,
+        "trainable_params": est.trainable_params,
+        "total_params": est.total_params,
+        "components": dict(est.components),
+        "peak_allocated_bytes": est.peak_allocated_bytes,
+        "peak_reserved_bytes": est.peak_reserved_bytes,
+        "device_used_bytes": est.device_used_bytes,
+        "band": list(est.band),
+        "band_of": "device_used_bytes",
+        "gpu": fit_d["gpu"] if fit_d else None,
+        "verdict": fit_d["verdict"] if fit_d else None,
+        "headroom_bytes": fit_d["headroom_bytes"] if fit_d else None,
+        "max_batch": fit_d["max_batch"] if fit_d else None,
+        "max_seq_len": fit_d["max_seq_len"] if fit_d else None,
+        "advice": fit_d["advice"] if fit_d else [],
+        "notes": list(est.notes),
+    }
+
+
+def _inputs_line(est: Any) -> str:
+    i = est.inputs
+    parts = [i.method]
+    if i.quant != "none":
+        parts.append(i.quant + (" + double quant" if i.double_quant else ""))
+    if i.method != "full":
+        parts.append(f"r={i.rank} alpha={i.alpha} targets={','.join(i.targets)}")
+    parts.append(f"batch {i.batch} x seq {i.seq_len}" + (f" (grad accum {i.grad_accum})" if i.grad_accum > 1 else ""))
+    parts.append("gradient checkpointing" if i.gradient_checkpointing else "no gradient checkpointing")
+    parts += [i.attn, i.optim, i.precision]
+    if i.framework != "hf":
+        parts.append(f"framework {i.framework}")
+    return " · ".join(parts)
+
+
+def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str, str], assumed: list[str]) -> None:
+    """The breakdown with bars, the three numbers and band, the verdict, the what-ifs and the advice."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    arch = est.inputs.arch
+    con.print(f"[bold]{escape(arch.name)}[/] · {est.total_params / 1e9:.2f}B params · "
+              f"{est.trainable_params:,} trainable · shapes from {escape(arch.source)}")
+    con.print("   " + escape(_inputs_line(est)))
+    if assumed:
+        con.print(f"   [yellow]assumed defaults:[/] {', '.join(assumed)} (pass them or --config to be exact)")
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("", no_wrap=True)
+    total = sum(est.components.values()) or 1
+    biggest = max(est.components.values()) or 1
+    for name, n in est.components.items():
+        if n <= 0:
+            continue
+        width = max(1, round(30 * n / biggest)) if n >= 0.002 * total else 0
+        table.add_row(escape(name), f"{n / GIB:.2f}", "█" * width)
+    con.print(table)
+    low, high = est.band
+    con.print(f"peak allocated {_gib(est.peak_allocated_bytes)} (torch.cuda.max_memory_allocated) · "
+              f"peak reserved {_gib(est.peak_reserved_bytes)} (max_memory_reserved)")
+    con.print(f"[bold]device memory in use {_gib(est.device_used_bytes)}[/] (nvidia-smi) · band {_gib(low)} - {_gib(high)}")
+    for note in est.notes:
+        con.print(f"   [dim]note: {escape(note)}[/]")
+    if fit is None:
+        con.print("[dim]pass --gpu NAME or --vram 24GB for a verdict and what to change[/]")
+        return
+    style = VERDICT_STYLE.get(fit.verdict, "")
+    head = fit.headroom_bytes
+    room = f"{_gib(head)} headroom" if head >= 0 else f"short by {_gib(-head)}"
+    con.print(f"[{style}]{fit.verdict.upper()}[/] on {escape(fit.gpu.name)} ({_gib(fit.gpu.memory_bytes)}, {fit.gpu.source}): {room}")
+    if fit.max_batch is not None or fit.max_seq_len is not None:
+        mb = fit.max_batch if fit.max_batch is not None else "none (batch 1 does not fit)"
+        ms = fit.max_seq_len if fit.max_seq_len is not None else "none"
+        con.print(f"   largest batch that fits at seq {est.inputs.seq_len}: {mb} · longest sequence at batch {est.inputs.batch}: {ms}")
+    if fit.advice:
+        con.print("[bold]what to change[/], in the order people tune (saving alone on this config; total with the changes above it):")
+        budget = fit.gpu.memory_bytes
+        for i, c in enumerate(fit.advice, 1):
+            mark = "[green]fits alone[/]" if c.fits else ("[green]fits with 1-%d[/]" % i if c.cumulative_bytes <= budget else "")
+            con.print(f"   {i}. {escape(c.text)}: saves {_gib(c.saves_bytes)}; with 1-{i}: {_gib(c.cumulative_bytes)} {mark}")
+            con.print(f"      [bold]{escape(c.option)}[/]")
+
+
+def preflight_document(est: Any, fit: Any, provenance: dict[str, str], findings: list[Any], go: bool,
+                       reason: str, first_fix: str) -> dict[str, Any]:
+    return {
+        "schema": PREFLIGHT_SCHEMA,
+        "go": go,
+        "reason": reason,
+        "first_fix": first_fix,
+        "env_findings": [f.to_dict() for f in findings],
+        "estimate": estimate_document(est, fit, provenance) if est is not None else None,
+    }
+
+
+def print_preflight(con: Any, est: Any, fit: Any, findings: list[Any], go: bool, reason: str, first_fix: str) -> None:
+    """One screen: env problems (errors first, one line each), the estimate vs free memory, go / no-go."""
+    from rich.markup import escape
+
+    from loradoctor.render.terminal import SEVERITY_STYLE
+
+    shown = [f for f in findings if f.severity in ("error", "warning")]
+    if shown:
+        con.print("[bold]environment[/]")
+        for f in shown[:8]:
+            con.print(f"   [{SEVERITY_STYLE[f.severity]}]{f.severity.upper()}[/] {escape(f.title)} [dim]({f.cause})[/]")
+            if f.fixes and f.severity == "error":
+                fx = f.fixes[0]
+                con.print(f"      fix: {escape(fx.text)}" + (f" [bold]{escape(fx.command)}[/]" if fx.command else ""))
+        if len(shown) > 8:
+            con.print(f"   [dim]... {len(shown) - 8} more (loradoctor env)[/]")
+    else:
+        con.print("[bold]environment[/] [green]no problems found by the quick checks[/]")
+    if est is not None:
+        con.print(f"[bold]memory[/] {escape(est.inputs.arch.name)}: {escape(_inputs_line(est))}")
+        low, high = est.band
+        con.print(f"   needs {_gib(est.device_used_bytes)} (band {_gib(low)} - {_gib(high)})", end="")
+        if fit is not None:
+            style = VERDICT_STYLE.get(fit.verdict, "")
+            con.print(f"; {escape(fit.gpu.name)} has {_gib(fit.gpu.memory_bytes)} -> [{style}]{fit.verdict}[/]")
+        else:
+            con.print()
+    verdict = "[bold green]GO[/]" if go else "[bold red]NO GO[/]"
+    con.print(f"{verdict} {escape(reason)}")
+    if first_fix:
+        con.print(f"   first fix: [bold]{escape(first_fix)}[/]")
