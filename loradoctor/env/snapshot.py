@@ -181,16 +181,13 @@ def _collect_env_cudnn(text: str) -> Optional[str]:
 
 
 def _collect_env_packages(text: str) -> dict[str, str]:
+    """`[pip3] name==version` lines first (they carry the +cuXXX tag), then `[conda] name version build`."""
     pkgs: dict[str, str] = {}
-    for m in re.finditer(r"^\[(pip\d?|conda)\][ \t]+(\S+)[ \t]+(\S+)", text, re.M):
-        manager, name, version = m.groups()
-        if manager.startswith("pip") and "==" in name:
-            n, _, v = name.partition("==")
-            pkgs.setdefault(_norm(n), v)
-        elif manager == "conda" and name != "Could":
-            pkgs.setdefault(_norm(name), version)
     for m in re.finditer(r"^\[pip\d?\][ \t]+(\S+)==(\S+)[ \t]*$", text, re.M):
         pkgs.setdefault(_norm(m.group(1)), m.group(2))
+    for m in re.finditer(r"^\[conda\][ \t]+(\S+)[ \t]+(\S+)", text, re.M):
+        if m.group(1) != "Could":
+            pkgs.setdefault(_norm(m.group(1)), m.group(2))
     return pkgs
 
 
@@ -418,17 +415,17 @@ def _q_gpu_field(g: dict, sect: str, key: str, value: str) -> None:
             g["retired_pages_sbe"] = _int(value)
         elif "Double Bit" in key and _int(value) is not None:
             g["retired_pages_dbe"] = _int(value)
-        elif key.startswith("Pending"):
-            g["retired_pages_pending"] = value.lower() == "yes"
+        elif key.startswith("Pending") and value in ("Yes", "No"):
+            g["retired_pages_pending"] = value == "Yes"
     elif top == "Remapped Rows":
         if key == "Correctable Error" and _int(value) is not None:
             g["remapped_rows_correctable"] = _int(value)
         elif key == "Uncorrectable Error" and _int(value) is not None:
             g["remapped_rows_uncorrectable"] = _int(value)
-        elif key == "Pending":
-            g["remapped_rows_pending"] = value.lower() == "yes"
-        elif key == "Remapping Failure Occurred":
-            g["remapped_rows_failure"] = value.lower() == "yes"
+        elif key == "Pending" and value in ("Yes", "No"):
+            g["remapped_rows_pending"] = value == "Yes"
+        elif key == "Remapping Failure Occurred" and value in ("Yes", "No"):
+            g["remapped_rows_failure"] = value == "Yes"
 
 
 # ------------------------------------------------------------- redaction

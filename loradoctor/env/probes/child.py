@@ -29,7 +29,8 @@ _HERE = Path(__file__).resolve().parent
 class ChildProbe:
     """A started child probe; `result()` waits for it (up to its timeout) and returns its section."""
 
-    def __init__(self, script: str, args: list[str], timeout_s: float, python: Optional[str] = None) -> None:
+    def __init__(self, script: str, args: list[str], timeout_s: float, python: Optional[str] = None,
+                 python_flags: Optional[list[str]] = None) -> None:
         self.script = script
         self.timeout_s = timeout_s
         self.started = time.monotonic()
@@ -42,7 +43,7 @@ class ChildProbe:
         self.spawn_error: Optional[str] = None
         try:
             self.proc = subprocess.Popen(
-                [python or sys.executable, "-c", source, *args],
+                [python or sys.executable, *(python_flags or []), "-c", source, *args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 start_new_session=True,  # its own process group, so a timeout kills grandchildren too
             )
