@@ -158,27 +158,31 @@ def load_env_snapshot(spec: str) -> dict[str, Any]:
 
 
 class _StderrProgress:
-    """A one-line progress meter on stderr, redrawn at most a few times a second."""
+    """A one-line progress meter on stderr, redrawn at most a few times a second.
 
-    def __init__(self, total_bytes: int) -> None:
-        self.total_bytes = total_bytes
+    Called by the engine as progress(path, done_bytes, total_bytes_or_None) per input file
+    (total is None for compressed input, whose decompressed size is unknown)."""
+
+    def __init__(self) -> None:
         self._last_draw_s = 0.0
         self._drawn = False
 
-    def __call__(self, done_bytes: Any = None, total_bytes: Any = None, *args: Any, **kwargs: Any) -> None:
-        # Accept (done, total), (done,) or keywords: the meter must never break a diagnosis.
-        done = kwargs.get("done_bytes", done_bytes)
-        total = kwargs.get("total_bytes", total_bytes) or self.total_bytes
-        if not isinstance(done, (int, float)) or not total:
-            return
+    def __call__(self, path: Any, done_bytes: Any, total_bytes: Any = None, *args: Any) -> None:
+        if not isinstance(done_bytes, (int, float)):
+            return  # the meter must never break a diagnosis
         now = time.monotonic()
-        if now - self._last_draw_s < 0.2 and done < total:
+        finished = bool(total_bytes) and done_bytes >= total_bytes
+        if now - self._last_draw_s < 0.2 and not finished:
             return
         self._last_draw_s = now
         from loradoctor.units import format_bytes
 
-        pct = min(100.0, 100.0 * done / total)
-        sys.stderr.write(f"\rreading logs: {pct:5.1f}% ({format_bytes(done)} of {format_bytes(total)})")
+        if total_bytes:
+            pct = min(100.0, 100.0 * done_bytes / total_bytes)
+            text = f"reading {path}: {pct:5.1f}% ({format_bytes(done_bytes)} of {format_bytes(total_bytes)})"
+        else:
+            text = f"reading {path}: {format_bytes(done_bytes)} decompressed"
+        sys.stderr.write("\r\033[K" + text)
         sys.stderr.flush()
         self._drawn = True
 
@@ -193,7 +197,7 @@ def make_progress(paths: List[str]) -> Optional[_StderrProgress]:
     if not sys.stderr.isatty():
         return None
     total = sum(_size_on_disk(p) for p in paths)
-    return _StderrProgress(total) if total >= PROGRESS_MIN_BYTES else None
+    return _StderrProgress() if total >= PROGRESS_MIN_BYTES else None
 
 
 def _size_on_disk(path: str) -> int:
@@ -257,7 +261,7 @@ def rules_lint(
             _echo(str(p))
         _echo(f"{len(problems)} problem(s) in {target}", err=True)
         raise typer.Exit(1)
-    _echo(f"{_count_rules(target)} rules OK ({target})")
+    _echo(f"{_count_rules(Path(target))} rules OK ({target})")
 
 
 def _load_rules(extra: List[Path]) -> list:
