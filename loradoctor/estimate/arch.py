@@ -308,6 +308,10 @@ def arch_from_preset(name: str) -> Arch:
     )
 
 
+def _named(arch: Arch, name: str) -> Arch:
+    return Arch(**{**asdict(arch), "name": name or arch.name})
+
+
 def resolve_arch(model: str) -> Arch:
     """A model folder or config.json path, then an id in the local HF cache, then a preset. UserError otherwise."""
     if not model:
@@ -317,12 +321,13 @@ def resolve_arch(model: str) -> Arch:
         cfg = path / "config.json"
         if not cfg.is_file():
             raise UserError(f"{path} has no config.json")
-        return arch_from_config(read_config_file(cfg), source=str(cfg))
+        return _named(arch_from_config(read_config_file(cfg), source=str(cfg)), path.name)
     if path.is_file():
-        return arch_from_config(read_config_file(path), source=str(path))
+        arch = arch_from_config(read_config_file(path), source=str(path))
+        return _named(arch, path.parent.name) if arch.name in ("model", "") or "/" not in arch.name else arch
     cached = find_in_hf_cache(model)
     if cached is not None:
-        return arch_from_config(read_config_file(cached), source=f"hf-cache:{cached}")
+        return _named(arch_from_config(read_config_file(cached), source=f"hf-cache:{cached}"), model)
     name = find_preset(model)
     if name is not None:
         arch = arch_from_preset(name)
