@@ -22,8 +22,8 @@ from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
 
-NUMBERS_BONUS = 0.3  # a `when` that held on numbers from the log: facts beat keywords
-ENV_BONUS = 0.1  # env facts count as evidence too
+NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
+GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
 GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
@@ -278,20 +278,15 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         if n in values and n not in copied:
             copied[n] = values[n]
     confidence = rule.confidence
-    if rule.facts:
-        present = [n for n in rule.facts if n in values]
-        if not present:
-            confidence = min(confidence, 0.2)  # no numbers at all: a guess
-        elif len(present) < len(rule.facts):
-            confidence = min(confidence, 0.5)
+    wanted = [n for n in dict.fromkeys(rule.facts + value_facts) if not n.startswith("input.")]
+    if rule.facts and not any(n in values for n in wanted):
+        confidence = min(confidence, GUESS_CONFIDENCE)  # the rule's numbers are not in the input
     log_numbers = [n for n in value_facts if n in values and not n.startswith(("env.", "input."))]
     env_numbers = [n for n in value_facts if n in values and n.startswith("env.")]
     numbers = bool(log_numbers) or bool(env_numbers)
     score = confidence + SEVERITY_ADJUST.get(rule.severity, 0.0)
-    if log_numbers:
-        score += NUMBERS_BONUS
-    if env_numbers:
-        score += ENV_BONUS
+    if numbers:
+        score += NUMBERS_BONUS  # env facts count as evidence like the log's own numbers
     if rule.generic:
         score -= GENERIC_PENALTY
     keys = [(ln.time_s, ln.input_index, ln.lineno) for ln, _ in state.matches]
@@ -365,8 +360,7 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
         if id(c) in parent:
             c.finding.consequence_of = parent[id(c)].rule.id
     for i, c in enumerate(final):
-        c.finding.why_rank = _why(c, final[i + 1] if i + 1 < len(final) else None,
-                                  final[i - 1] if i > 0 else None, parent, len(final))
+        c.finding.why_rank = _why(c, final, i, parent)
     return final
 
 
@@ -398,8 +392,11 @@ def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
     return c.rule.condition.describe(c.finding.facts if values is None else values)
 
 
-def _why(c: _Candidate, nxt: Optional[_Candidate], prev: Optional[_Candidate],
-         parent: dict[int, _Candidate], total: int) -> str:
+def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Candidate]) -> str:
+    """One sentence: why c sits at position i, naming the next finding down."""
+    nxt = final[i + 1] if i + 1 < len(final) else None
+    prev = final[i - 1] if i > 0 else None
+    total = len(final)
     if id(c) in parent:
         p = parent[id(c)]
         globs = ", ".join(g for g in c.rule.consequence_of)
@@ -414,7 +411,21 @@ def _why(c: _Candidate, nxt: Optional[_Candidate], prev: Optional[_Candidate],
             return "the only finding; " + (f"it rests on {basis}" if basis else "it rests on a keyword match only")
         assert prev is not None
         return f"ranks below {_label(prev)}: " + _reason(prev, c, "")
-    return _reason(c, nxt, basis)
+    text = _reason(c, nxt, basis)
+    if nxt.finding.consequence_of == c.rule.id:
+        later = next((o for o in final[i + 1:] if not _descends(o, c, parent)), None)
+        if later is not None:
+            text += "; against the next root: " + _reason(c, later, basis)
+    return text
+
+
+def _descends(node: _Candidate, root: _Candidate, parent: dict[int, _Candidate]) -> bool:
+    p = parent.get(id(node))
+    while p is not None:
+        if p is root:
+            return True
+        p = parent.get(id(p))
+    return False
 
 
 def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:

@@ -12,6 +12,7 @@ Also here: the safe condition evaluator (`Condition`) and the summary template r
 from __future__ import annotations
 
 import ast
+import difflib
 import fnmatch
 import json
 import math
@@ -120,7 +121,7 @@ def validate_schema(value: Any, schema: dict, root: Optional[dict] = None, path:
             if key in props:
                 errors.extend(validate_schema(item, props[key], root, sub))
             elif schema.get("additionalProperties") is False:
-                close = [p for p in props if p.replace("_", "") == str(key).replace("_", "").lower()]
+                close = difflib.get_close_matches(str(key).lower(), list(props), n=1, cutoff=0.75)
                 hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(props)})"
                 errors.append((sub, f"unknown field{hint}"))
     if isinstance(value, list) and "items" in schema:
@@ -668,10 +669,10 @@ def _collect(folders: Iterable[Path]) -> tuple[list[Rule], list[str]]:
 _CACHE: dict[tuple, list[Rule]] = {}
 
 
-def load_rules(extra_dirs: Iterable["str | Path"] = ()) -> list[Rule]:
+def load_rules(extra_dirs: Iterable["str | Path"] = (), include_builtin: bool = True) -> list[Rule]:
     """The built-in rules plus those in `extra_dirs`, validated and compiled. Raises UserError with
     the first problem (file, rule id, field) in one line; `lint_rules` lists them all."""
-    folders = [builtin_rules_dir()] + [Path(d) for d in extra_dirs]
+    folders = ([builtin_rules_dir()] if include_builtin else []) + [Path(d) for d in extra_dirs]
     key = tuple((str(f), tuple((p.name, p.stat().st_mtime_ns) for p in _rule_files(f)) if f.is_dir() else ())
                 for f in folders)
     if key in _CACHE:
@@ -700,3 +701,34 @@ def lint_rules(folder: "str | Path | None" = None) -> list[str]:
             if r.id in ids:
                 problems.append(f"{r.source}: rule {r.id}: id: duplicate id, also defined in {ids[r.id]}")
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# keeping the schema's enums in step with the docs (a developer tool; docs/ is not installed)
+
+def sync_schema_enums(repo_root: "str | Path") -> list[str]:
+    """Rewrite rules/schema.json's cause and repro enums from docs/causes.md and docs/rules.md.
+    Returns the ids added. Run `python -m loradoctor.logs.rules sync-schema` after adding a cause."""
+    root = Path(repo_root)
+    causes = re.findall(r"^\| ([a-z0-9_]+\.[a-z0-9_]+) \|", (root / "docs" / "causes.md").read_text(encoding="utf-8"), re.M)
+    section = re.search(r"## Repro ids\n(.*?)\n\n", (root / "docs" / "rules.md").read_text(encoding="utf-8"), re.S)
+    repros = [r for r in re.findall(r"`([a-z0-9-]+)`", section.group(1) if section else "") if r != "repro"]
+    path = root / "rules" / "schema.json"
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    props = schema["$defs"]["rule"]["properties"]
+    added = [c for c in causes if c not in props["cause"]["enum"]] + [r for r in repros if r not in props["repro"]["enum"]]
+    props["cause"]["enum"] = causes
+    props["repro"]["enum"] = repros
+    path.write_text(json.dumps(schema, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    load_schema.cache_clear()
+    return added
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    if sys.argv[1:] == ["sync-schema"]:
+        print("added:", ", ".join(sync_schema_enums(Path(__file__).resolve().parent.parent.parent)) or "nothing")
+    else:
+        print("usage: python -m loradoctor.logs.rules sync-schema", file=sys.stderr)
+        sys.exit(2)

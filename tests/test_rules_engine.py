@@ -1,0 +1,339 @@
+"""Rule loading, validation, conditions, templates, and the engine's ranking."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from loradoctor.errors import UserError
+from loradoctor.logs import rules as rules_mod
+from loradoctor.logs.engine import env_facts, explain
+from loradoctor.logs.rules import (
+    Condition, ConditionError, builtin_rules_dir, cause_ids, derive_literals, lint_rules, load_rules,
+    render_template, repro_ids,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "engine"
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def tiny_rules():
+    return load_rules([DATA / "ranking"], include_builtin=False)
+
+
+def explain_tiny(tiny_rules, *paths, env=None):
+    return explain([str(p) for p in paths], rules=tiny_rules, env=env)
+
+
+# --- schema, causes, repro ids ----------------------------------------------------------------
+
+def test_schema_enums_mirror_the_docs():
+    causes = re.findall(r"^\| ([a-z0-9_]+\.[a-z0-9_]+) \|", (ROOT / "docs" / "causes.md").read_text(), re.M)
+    # out of step? run: python -m loradoctor.logs.rules sync-schema
+    assert sorted(cause_ids()) == sorted(causes)
+    section = re.search(r"## Repro ids\n(.*?)\n\n", (ROOT / "docs" / "rules.md").read_text(), re.S).group(1)
+    listed = [r for r in re.findall(r"`([a-z0-9-]+)`", section) if r != "repro"]
+    assert sorted(repro_ids()) == sorted(listed)
+
+
+def test_jsonschema_accepts_the_real_rule_files_and_our_validator_agrees():
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    schema = json.loads((ROOT / "rules" / "schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    files = sorted((ROOT / "rules").glob("*.yaml")) + [DATA / "ranking" / "rules.yaml"]
+    assert files
+    for path in files:
+        data = yaml.safe_load(path.read_text())
+        jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
+        assert rules_mod.validate_schema(data, schema) == [], path
+
+
+def test_builtin_rules_load_and_lint_clean():
+    assert builtin_rules_dir() == ROOT / "rules"
+    assert lint_rules() == []
+    loaded = load_rules()
+    assert len({r.id for r in loaded}) == len(loaded)
+
+
+def test_validator_rejects_what_jsonschema_rejects():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "rules" / "schema.json").read_text())
+    bad = [
+        {"rules": [{"id": "Bad_Id", "cause": "oom.capacity", "title": "t", "severity": "error", "summary": "s"}]},
+        {"rules": [{"id": "x", "cause": "oom.nope", "title": "t", "severity": "error", "summary": "s"}]},
+        {"rules": [{"id": "x", "cause": "oom.capacity", "title": "t", "severity": "fatal", "summary": "s"}]},
+        {"rules": [{"id": "x", "cause": "oom.capacity", "title": "t", "severity": "error", "summary": "s", "confidence": 2}]},
+        {"rules": [{"id": "x", "cause": "oom.capacity", "title": "t", "severity": "error", "summary": "s", "paterns": []}]},
+        {"rules": [{"id": "x", "cause": "oom.capacity", "title": "t", "severity": "error"}]},
+        {"rules": [{"id": "x", "cause": "oom.capacity", "title": "t", "severity": "error", "summary": "s", "fixes": [{"cmd": "x"}]}]},
+        {"rules": [], "extra": 1},
+    ]
+    for data in bad:
+        assert rules_mod.validate_schema(data, schema), data
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
+
+
+# --- broken rule files give one clear line --------------------------------------------------
+
+GOOD_RULE = """  - id: {id}
+    cause: oom.capacity
+    title: t
+    severity: error
+    confidence: high
+    patterns: ['CUDA out of memory']
+    summary: s
+"""
+
+
+@pytest.mark.parametrize("body,needle", [
+    (GOOD_RULE.format(id="r1").replace("severity: error", "severity: fatal"), "rule r1: severity: 'fatal' is not one of"),
+    (GOOD_RULE.format(id="r1").replace("cause: oom.capacity", "cause: oom.made_up"), "rule r1: cause: 'oom.made_up' is not one of"),
+    (GOOD_RULE.format(id="r1").replace("patterns:", "paterns:"), "rule r1: paterns: unknown field (did you mean 'patterns'?)"),
+    (GOOD_RULE.format(id="r1").replace("'CUDA out of memory'", "'CUDA (out of memory'"), "rule r1: patterns[0]: regex"),
+    (GOOD_RULE.format(id="r1") + "    when: 'oom.nope > 1'\n", "rule r1: when: unknown fact 'oom.nope'"),
+    (GOOD_RULE.format(id="r1") + "    when: '__import__(\"os\").system(\"x\")'\n", "rule r1: when: call to"),
+    (GOOD_RULE.format(id="r1") + "    when: 'oom.count >'\n", "rule r1: when: cannot parse"),
+    (GOOD_RULE.format(id="r1").replace("summary: s", "summary: '{oom.bogus_bytes|bytes}'"), "rule r1: summary: unknown fact {oom.bogus_bytes}"),
+    (GOOD_RULE.format(id="r1").replace("summary: s", "summary: '{oom.free_bytes|mb}'"), "rule r1: summary: unknown filter |mb"),
+    (GOOD_RULE.format(id="r1") + "    repro: not-a-repro\n", "rule r1: repro: 'not-a-repro' is not one of"),
+    (GOOD_RULE.format(id="r1") + "    facts: [oom.nothing_bytes]\n", "rule r1: facts: unknown fact 'oom.nothing_bytes'"),
+    (GOOD_RULE.format(id="r1").replace("'CUDA out of memory'", "'\\d+\\s+\\w+'"), "rule r1: patterns: cannot derive a literal"),
+    (GOOD_RULE.format(id="r1") + GOOD_RULE.format(id="r1"), "rule r1: id: duplicate id"),
+])
+def test_broken_rule_file_names_file_rule_and_field(tmp_path, body, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rules:\n" + body)
+    with pytest.raises(UserError) as exc:
+        load_rules([tmp_path], include_builtin=False)
+    message = str(exc.value)
+    assert "\n" not in message
+    assert str(path) in message and needle in message, message
+
+
+def test_yaml_syntax_error_and_lint_lists_all_problems(tmp_path):
+    (tmp_path / "a.yaml").write_text("rules:\n  - id: [unclosed\n")
+    (tmp_path / "b.yaml").write_text("rules:\n" + GOOD_RULE.format(id="ok-rule").replace("severity: error", "severity: bad")
+                                     + GOOD_RULE.format(id="second").replace("cause: oom.capacity", "cause: x.y"))
+    problems = lint_rules(tmp_path)
+    assert len(problems) == 3, problems
+    assert "a.yaml:2: YAML syntax error" in problems[0] or "a.yaml:3: YAML syntax error" in problems[0]
+    assert any("rule ok-rule: severity" in p for p in problems) and any("rule second: cause" in p for p in problems)
+
+
+def test_user_folder_clashing_with_builtin_id(tmp_path):
+    builtin_id = load_rules()[0].id
+    (tmp_path / "mine.yaml").write_text("rules:\n" + GOOD_RULE.format(id=builtin_id))
+    assert any("duplicate id" in p for p in lint_rules(tmp_path))
+    with pytest.raises(UserError, match="duplicate id"):
+        load_rules([tmp_path])
+
+
+# --- conditions ------------------------------------------------------------------------------
+
+FACTS = {"oom.requested_bytes": 4 * GIB, "oom.reserved_unallocated_bytes": 9 * GIB, "xid.numbers": [13, 79],
+         "oom.phase": "eval", "metrics.loss_nan_count": 0, "metrics.train_finished": True}
+
+
+@pytest.mark.parametrize("expr,expected", [
+    ("oom.reserved_unallocated_bytes >= oom.requested_bytes", True),
+    ("oom.reserved_unallocated_bytes >= 10GiB", False),
+    ("oom.reserved_unallocated_bytes > 1.5 * oom.requested_bytes + 512MiB", True),
+    ("oom.free_bytes < 1GiB", False),  # missing fact: comparison is false
+    ("not oom.free_bytes < 1GiB", True),
+    ("defined(oom.free_bytes) or defined(oom.requested_bytes)", True),
+    ("any_of(xid.numbers, [48, 63, 79])", True),
+    ("any_of(xid.numbers, [48])", False),
+    ("any_of(killed.exit_code, [137, -9])", False),
+    ("oom.phase in ['eval', 'save']", True),
+    ("oom.phase not in ['load']", True),
+    ("metrics.loss_nan_count == 0 and metrics.train_finished", True),
+    ("oom.requested_bytes / oom.free_bytes > 1", False),  # missing in arithmetic stays missing
+    ("oom.requested_bytes / 0 > 1", False),
+    ("oom.phase > 3", False),  # type mismatch is false, not an error
+    ("1KiB == 1024 and 'GiB' == 'GiB'", True),
+])
+def test_condition_evaluation(expr, expected):
+    assert Condition(expr).evaluate(FACTS) is expected
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os')", "oom.count.__class__", "open('x')", "(lambda: 1)()", "[x for x in oom.count]",
+    "oom.count[0]", "oom.count if 1 else 2", "a", "oom.count ** 2", "defined(1)", "any_of(xid.numbers)",
+    "oom.count @ 1", "oom.count; 1", "getattr(oom, 'count')", "f'{oom.count}'",
+])
+def test_condition_rejects_unsafe_or_unknown(expr):
+    with pytest.raises(ConditionError):
+        Condition(expr)
+
+
+def test_condition_describe_shows_values():
+    text = Condition("oom.reserved_unallocated_bytes >= oom.requested_bytes").describe(FACTS)
+    assert text == "reserved_unallocated_bytes 9.00 GiB >= requested_bytes 4.00 GiB"
+
+
+def test_templates():
+    import regex
+
+    m = regex.search(r"rank (?P<rank>\d+) code (\d+)", "rank 3 code 137")
+    out = render_template("{oom.requested_bytes|bytes} / {oom.requested_bytes|gib} / {oom.step_fraction|pct} / "
+                          "{oom.free_bytes} / {match.rank} {match.2} {match.9} / {metrics.train_finished} / {xid.numbers}",
+                          {**FACTS, "oom.step_fraction": 0.25}, m)
+    assert out == "4.00 GiB / 4.00 GiB / 25% / ? / 3 137 ? / yes / 13, 79"
+
+
+def test_derived_prefilter_literals():
+    assert derive_literals(r"CUDA out of memory\. Tried") == [("CUDA out of memory. Tried", False)]
+    assert derive_literals(r"(?i)watchdog caught") == [("watchdog caught", True)]
+    assert derive_literals(r"Xid \(.*\): (48|63|64)") == [("Xid (", False)]
+    assert sorted(derive_literals(r"element 0 of tensors|no grad_fn here")) == [
+        ("element 0 of tensors", False), ("no grad_fn here", False)]
+    assert derive_literals(r"\d+ \w+") is None
+
+
+# --- env snapshot ------------------------------------------------------------------------------
+
+SNAPSHOT = {
+    "schema": "loradoctor.snapshot/1",
+    "nvidia": {"driver_version": "550.54.15", "gpus": [
+        {"index": 0, "name": "NVIDIA GeForce RTX 4090", "compute_capability": "8.9", "memory_total_bytes": 24 * GIB,
+         "processes": [{"pid": 1, "name": "python", "used_bytes": 20 * GIB, "ours": True},
+                       {"pid": 2, "name": "vllm", "used_bytes": 3 * GIB, "ours": False}]}]},
+    "torch": {"installed": True, "cuda_available": True, "cuda_version": "12.4"},
+}
+
+
+def test_env_facts_mapping_and_tolerance():
+    f = env_facts(SNAPSHOT)
+    assert f == {"env.present": True, "env.driver_version": "550.54.15", "env.gpu_name": "NVIDIA GeForce RTX 4090",
+                 "env.compute_capability": 8.9, "env.gpu_total_bytes": 24 * GIB, "env.other_process_bytes": 3 * GIB,
+                 "env.torch_cuda_available": True, "env.torch_cuda_version": "12.4"}
+    assert env_facts({"nvidia": {"error": "could not check: no driver"}, "torch": {"error": "timeout"}}) == {"env.present": True}
+    assert env_facts(None) == {}
+
+
+# --- ranking ---------------------------------------------------------------------------------
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+FRAG_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.40 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 2.31 GiB is free. Including non-PyTorch memory, this process has 76.78 GiB memory in "
+            "use. Of the allocated memory 66.95 GiB is allocated by PyTorch, and 9.20 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+OTHER_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 172.00 MiB. GPU 0 has a total capacity of "
+             "23.65 GiB of which 17.06 MiB is free. Process 4242 has 15.00 GiB memory in use. Including non-PyTorch "
+             "memory, this process has 8.40 GiB memory in use. Of the allocated memory 7.80 GiB is allocated by "
+             "PyTorch, and 110.00 MiB is reserved by PyTorch but unallocated.")
+
+
+def test_numbers_rank_fragmentation_over_keyword_capacity(tmp_path, tiny_rules):
+    path = write(tmp_path, "train.log", "step 1\nTraceback (most recent call last):\n" + FRAG_OOM + "\n")
+    report = explain_tiny(tiny_rules, path)
+    assert [f.rule for f in report.findings] == ["t-oom-fragmentation", "t-oom-capacity"]
+    first = report.findings[0]
+    assert first.rank == 1 and first.cause == "oom.fragmentation"
+    assert "9.20 GiB reserved but unallocated" in first.summary
+    assert "support this more than keyword-only finding #2 (t-oom-capacity)" in first.why_rank
+    assert "9.20 GiB >= requested_bytes 4.40 GiB" in first.why_rank
+    assert first.facts["oom.reserved_unallocated_bytes"] == 9878424781
+    assert any(e.line == 3 for e in first.evidence)
+    assert report.findings[1].why_rank.startswith("ranks below #1 (t-oom-fragmentation)")
+
+
+def test_other_process_ranks_first_when_the_message_lists_one(tmp_path, tiny_rules):
+    path = write(tmp_path, "train.log", OTHER_OOM + "\n")
+    report = explain_tiny(tiny_rules, path)
+    assert report.findings[0].cause == "oom.other_process"
+    assert report.findings[0].facts == {"oom.other_process_bytes": 15 * GIB}
+    assert report.findings[0].evidence[0].line == 1  # the OOM line, from the fact group
+
+
+def test_env_facts_count_as_evidence(tmp_path, tiny_rules):
+    path = write(tmp_path, "train.log", "torch.OutOfMemoryError: CUDA out of memory.\n")
+    without = explain_tiny(tiny_rules, path)
+    assert [f.cause for f in without.findings] == ["oom.capacity"]
+    with_env = explain_tiny(tiny_rules, path, env=SNAPSHOT)
+    assert with_env.findings[0].cause == "oom.other_process"  # env numbers beat the keyword
+    assert any(e.file == "env snapshot" for e in with_env.findings[0].evidence)
+    assert with_env.facts["env.gpu_name"] == "NVIDIA GeForce RTX 4090"
+
+
+def test_earliest_failure_across_ranks_consequences_and_generic_last(tiny_rules):
+    report = explain_tiny(tiny_rules, DATA / "rank0.log", DATA / "rank1.log", DATA / "rank2.log")
+    order = [f.rule for f in report.findings]
+    # rank2's OOM (10:00:02) comes before rank1's assert (10:00:05): both keyword-only, high
+    assert order[0] == "t-oom-capacity" and order.index("t-device-assert") > 0
+    timeout = next(f for f in report.findings if f.rule == "t-nccl-timeout")
+    assert timeout.consequence_of in ("t-oom-capacity", "t-device-assert")
+    parent = next(f for f in report.findings if f.rule == timeout.consequence_of)
+    assert timeout.rank == parent.rank + 1
+    assert "consequence of" in timeout.why_rank
+    assert order[-1] == "t-exit-code" and report.findings[-1].summary == "Exit code 1."
+    assert "evidence comes first" in report.findings[0].why_rank
+    assert report.facts["dist.ranks"] == [0, 1, 2]
+    assert {i["path"].rsplit("/", 1)[-1]: i["ranks"] for i in report.inputs} == {
+        "rank0.log": [0], "rank1.log": [1], "rank2.log": [2]}
+
+
+def test_generic_never_first(tmp_path, tiny_rules):
+    path = write(tmp_path, "x.log", "ERROR: process exited with code 3\nsome --fp16 flag\n")
+    report = explain_tiny(tiny_rules, path)
+    assert [f.rule for f in report.findings] == ["t-fp16-guess", "t-exit-code"]
+    assert "generic catch-all #2 (t-exit-code)" in report.findings[0].why_rank
+
+
+def test_rule_without_its_numbers_is_a_guess(tmp_path, tiny_rules):
+    path = write(tmp_path, "x.log", "python train.py --fp16\n")
+    (finding,) = explain_tiny(tiny_rules, path).findings
+    assert finding.confidence_label == "guess" and finding.summary == "fp16 with ? nan losses."
+    assert finding.why_rank.startswith("the only finding")
+
+
+def test_nothing_matched_gives_unrecognised_tail(tmp_path, tiny_rules):
+    lines = ["info"] + [f"ERROR something odd {i}" for i in range(15)] + ["done"]
+    path = write(tmp_path, "x.log", "\n".join(lines) + "\n")
+    report = explain_tiny(tiny_rules, path)
+    assert report.findings == []
+    assert [e.line for e in report.unrecognised_tail] == list(range(7, 17))
+    assert report.facts["input.lines"] == 17 and report.facts["input.files"] == 1
+
+
+def test_require_all_and_exclude(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "r.yaml").write_text("rules:\n" + GOOD_RULE.format(id="needs-both")
+                                   + "    require_all: ['Traceback \\(most recent']\n"
+                                   + GOOD_RULE.format(id="silenced").replace("oom.capacity", "oom.leak")
+                                   + "    exclude: ['expandable_segments:True']\n")
+    rules = load_rules([folder], include_builtin=False)
+    one = write(tmp_path, "one.log", "CUDA out of memory.\n")
+    two = write(tmp_path, "two.log", "Traceback (most recent call last):\nCUDA out of memory.\nexport X=expandable_segments:True\n")
+    assert [f.rule for f in explain([str(one)], rules=rules).findings] == ["silenced"]
+    assert [f.rule for f in explain([str(two)], rules=rules).findings] == ["needs-both"]
+
+
+def test_progress_callback_and_report_dict(tmp_path, tiny_rules):
+    path = write(tmp_path, "x.log", FRAG_OOM + "\n")
+    calls = []
+    report = explain([str(path)], rules=tiny_rules, progress=lambda *a: calls.append(a))
+    assert calls and calls[-1][0] == str(path) and calls[-1][1] == path.stat().st_size
+    data = report.to_dict()
+    json.dumps(data)
+    assert data["findings"][0]["rank"] == 1 and data["inputs"][0]["lines"] == 1
+
+
+def test_oom_step_from_progress_bar(tmp_path, tiny_rules):
+    bar = "".join(f"\r{i * 100 // 400:3d}%|##        | {i}/400 [00:{i % 60:02d}<01:00,  2.00it/s]" for i in range(1, 101))
+    text = "Loading checkpoint shards: 100%|██████████| 2/2 [00:05<00:00,  2.60s/it]\n" + bar + "\n" + FRAG_OOM + "\n"
+    report = explain_tiny(tiny_rules, write(tmp_path, "x.log", text))
+    assert report.facts["oom.step"] == 100 and report.facts["oom.step_fraction"] == 0.25
