@@ -860,8 +860,9 @@ def check_other_process(snapshot: dict) -> list[Finding]:
                       Fix("If the memory stays held, reset the GPU when nothing else runs on it",
                           f"sudo nvidia-smi --gpu-reset -i {g.get('index', i)}")]
                      if zombie else
-                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}"),
-                      Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}")])
+                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}")])
+            if not zombie and len(gpus(snapshot)) > 1:
+                fixes.append(Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}"))
             out.append(_finding(
                 "other_process", "oom.other_process", "error" if tight else "warning",
                 f"{'A dead/zombie process' if zombie else 'Another process'} holds {format_bytes(used)} on {_gpu_label(i, g)}: "

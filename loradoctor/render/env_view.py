@@ -110,7 +110,10 @@ def summary_lines(snapshot: dict) -> list[tuple[str, str]]:
                 state = "loads, no CUDA library"
             lines.append((label, f"{sec.get('version', '?')} {state}"))
     pk = snapshot.get("packages") if isinstance(snapshot.get("packages"), dict) else {}
-    shown = [f"{k} {v}" for k, v in pk.items() if k not in ("torch", "numpy") and not k.startswith("nvidia-") and "error" != k]
+    probed = {"bitsandbytes": "bitsandbytes", "flash-attn": "flash_attn"}
+    shown = [f"{k} {v}" for k, v in pk.items()
+             if k not in ("torch", "numpy", "error") and not k.startswith("nvidia-")
+             and not (isinstance(snapshot.get(probed.get(k, "")), dict) and snapshot[probed[k]].get("installed"))]
     if shown:
         lines.append(("packages", ", ".join(shown)))
     ev = snapshot.get("env_vars") if isinstance(snapshot.get("env_vars"), dict) else {}
@@ -142,10 +145,13 @@ def print_env_report(con: Any, snapshot: dict, findings: list[Finding], verbose:
         con.print(f"  [dim]read from {escape(str(src))} text: only what it shows was checked[/]")
     shown = [f for f in findings if verbose or f.severity != "info"]
     hidden = len(findings) - len(shown)
+    groups = []
     for area in AREA_ORDER + ("",):
         group = [f for f in shown if (f.area or "") == area or (area == "" and f.area not in AREA_ORDER)]
-        if not group:
-            continue
+        if group:
+            groups.append((area, group))
+    groups.sort(key=lambda ag: min(f.rank or 10**6 for f in ag[1]))  # the area holding the top finding first
+    for area, group in groups:
         con.print()
         con.print(f"[bold underline]{escape(AREA_TITLES.get(area, 'other'))}[/]")
         for f in group:

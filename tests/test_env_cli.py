@@ -1,0 +1,97 @@
+"""`loradoctor env` as a user runs it: formats, exit codes, --strict, --check, --list-checks, --want, bad usage."""
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+
+SNAPS = FIXTURES / "snapshots"
+
+
+def snap_path(name: str) -> str:
+    return str(SNAPS / f"{name}.json")
+
+
+def test_healthy_snapshot_exits_0_with_a_verdict():
+    res = run_cli("env", "--from", snap_path("healthy_ampere_32gb"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines()[0] == "No problems found: 1 GPU (NVIDIA GeForce RTX 3090), torch 2.5.1+cu124"
+    assert "GPU 0" in res.stdout and "compute capability 8.6" in res.stdout
+
+
+def test_error_verdict_first_and_grouped_by_area():
+    res = run_cli("env", "--from", snap_path("bad_settings"))
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("2 errors, 3 warnings: PYTORCH_CUDA_ALLOC_CONF is not valid")
+    assert "settings" in lines and "host" in lines  # area headings
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in res.stdout
+
+
+def test_json_document_shape():
+    res = run_cli("env", "--from", snap_path("cpu_only_wheel"), "--format", "json")
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)
+    assert list(doc) == ["schema", "snapshot", "findings"]
+    assert doc["schema"] == "loradoctor.env/1"
+    assert doc["snapshot"]["schema"] == "loradoctor.snapshot/1"
+    f = doc["findings"][0]
+    assert f["cause"] == "env.torch_cpu_only" and f["rank"] == 1
+    assert f["evidence"][0]["file"].startswith("snapshot:")
+
+
+def test_markdown_is_redacted():
+    res = run_cli("env", "--from", snap_path("zombie_process"), "--format", "md")
+    assert res.returncode == 1
+    assert res.stdout.startswith("## loradoctor env")
+    assert "GPU-9c1d2e3f" not in res.stdout and "gpu-box-07" not in res.stdout and "/home/ana" not in res.stdout
+    assert "kill $(ps -o ppid= -p 48213)" in res.stdout
+
+
+def test_strict_turns_warnings_into_exit_1():
+    snap = json.loads((SNAPS / "healthy_ampere_32gb.json").read_text())
+    snap["env_vars"]["CUDA_LAUNCH_BLOCKING"] = "1"
+    path = FIXTURES.parent / ".pytest_cache" / "env_strict.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(snap))
+    assert run_cli("env", "--from", str(path)).returncode == 0
+    assert run_cli("env", "--from", str(path), "--strict").returncode == 1
+
+
+def test_single_check_and_list():
+    res = run_cli("env", "--from", snap_path("hw_unhealthy"), "--check", "thermal_power", "--format", "json")
+    doc = json.loads(res.stdout)
+    assert {f["rule"] for f in doc["findings"]} == {"env.thermal_power"}
+    assert res.returncode == 0  # thermal findings are warnings; the memory errors were not checked
+    listing = run_cli("env", "--list-checks")
+    assert listing.returncode == 0
+    assert len(listing.stdout.splitlines()) >= 19 and listing.stdout.startswith("nvml_mismatch")
+
+
+def test_want_flag_requests_features():
+    res = run_cli("env", "--from", snap_path("t4_flash_attn_requested"), "--want", "bf16", "--format", "json")
+    doc = json.loads(res.stdout)
+    assert doc["snapshot"]["requested"]["features"] == ["bf16"]
+    assert {f["cause"] for f in doc["findings"] if f["severity"] == "error"} == {"env.bf16_unsupported"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--format", "xml"), "--format must be"),
+    (("--want", "tf32"), "unknown feature"),
+    (("--check", "nope"), "unknown check"),
+    (("--timeout", "-1"), "--timeout"),
+])
+def test_bad_usage_exits_2(args, message):
+    res = run_cli("env", "--from", snap_path("healthy_ampere_32gb"), *args)
+    assert res.returncode == 2
+    assert message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_help_is_fast_and_lists_env():
+    import time
+
+    started = time.monotonic()
+    res = run_cli("env", "--help")
+    assert res.returncode == 0 and "--from" in res.stdout and "--want" in res.stdout
+    assert time.monotonic() - started < 5
