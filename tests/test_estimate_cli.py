@@ -1,0 +1,88 @@
+"""`loradoctor estimate`, `preflight` and `measure` as a user runs them (child processes)."""
+
+import json
+
+from conftest import run_cli
+
+HEALTHY_SNAPSHOT = {
+    "schema": "loradoctor.snapshot/1",
+    "system": {"os": "Linux-5.15.0-105-generic-x86_64-with-glibc2.35", "python": "3.11.9", "wsl": False,
+               "container": False, "ram_total_bytes": 134_217_728_000},
+    "nvidia": {"driver_version": "550.54.15", "cuda_driver_version": "12.4", "gpus": [
+        {"index": 0, "name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-8f1c", "compute_capability": "8.9",
+         "memory_total_bytes": 25_757_220_864, "memory_used_bytes": 452_984_832, "memory_free_bytes": 25_304_236_032,
+         "processes": []}]},
+    "torch": {"installed": True, "version": "2.5.1+cu124", "cuda_version": "12.4", "cuda_available": True,
+              "device_count": 1, "arch_list": ["sm_80", "sm_86", "sm_89", "sm_90"]},
+    "packages": {"torch": "2.5.1", "transformers": "4.46.0", "peft": "0.13.2", "accelerate": "1.1.0",
+                 "bitsandbytes": "0.44.1"},
+    "env_vars": {},
+}
+
+
+def _snapshot(tmp_path, free_bytes=None):
+    snap = json.loads(json.dumps(HEALTHY_SNAPSHOT))
+    if free_bytes is not None:
+        gpu = snap["nvidia"]["gpus"][0]
+        gpu["memory_free_bytes"] = free_bytes
+        gpu["memory_used_bytes"] = gpu["memory_total_bytes"] - free_bytes
+        gpu["processes"] = [{"pid": 4242, "name": "python", "used_bytes": gpu["memory_used_bytes"], "ours": False}]
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(snap))
+    return path
+
+
+def test_estimate_json_document():
+    out = run_cli("estimate", "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--seq-len", "1024",
+                  "--gradient-checkpointing", "--gpu", "RTX 4090", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "loradoctor.estimate/1"
+    assert doc["inputs"]["method"] == "qlora" and doc["inputs"]["quant"] == "nf4"
+    assert sum(doc["components"].values()) == doc["device_used_bytes"]
+    assert doc["peak_allocated_bytes"] < doc["peak_reserved_bytes"] < doc["device_used_bytes"]
+    low, high = doc["band"]
+    assert low < doc["device_used_bytes"] < high
+    assert doc["gpu"]["name"] == "RTX 4090" and doc["verdict"] in ("fits", "tight")
+    assert doc["max_batch"] >= 1 and doc["max_seq_len"] >= 1024
+    assert doc["provenance"]["seq_len"] == "command line" and doc["provenance"]["rank"] == "default"
+
+
+def test_estimate_text_does_not_fit_exits_1_with_advice(fixtures_dir):
+    out = run_cli("estimate", "--config", str(fixtures_dir / "configs" / "hf_checkpoint"), "--batch", "16",
+                  "--no-gradient-checkpointing", "--gpu", "T4")
+    assert out.returncode == 1, out.stderr
+    assert "DOES NOT FIT on T4" in out.stdout
+    assert "base weights" in out.stdout and "█" in out.stdout
+    assert "turn on gradient checkpointing" in out.stdout and "--gradient-checkpointing" in out.stdout
+
+
+def test_estimate_bad_usage_exits_2():
+    out = run_cli("estimate", "--model", "someone/unknown-model-7b")
+    assert out.returncode == 2
+    assert out.stderr.startswith("loradoctor: error: unknown model") and "llama-3.1-8b" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run_cli("estimate", "--model", "llama-2-7b", "--gpu", "4090", "--vram", "24GB")
+    assert out.returncode == 2 and "not both" in out.stderr
+
+
+def test_preflight_go_and_no_go(tmp_path):
+    snap = _snapshot(tmp_path)
+    go = run_cli("preflight", "--snapshot", str(snap), "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora",
+                 "--seq-len", "1024", "--gradient-checkpointing", "--format", "json")
+    assert go.returncode == 0, go.stdout + go.stderr
+    doc = json.loads(go.stdout)
+    assert doc["go"] is True and doc["estimate"]["gpu"]["source"] == "local free memory"
+    # another process holds all but 6 GiB: the same run cannot start
+    busy = _snapshot(tmp_path, free_bytes=6 * 2**30)
+    nogo = run_cli("preflight", "--snapshot", str(busy), "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora",
+                   "--seq-len", "1024", "--gradient-checkpointing")
+    assert nogo.returncode == 1, nogo.stdout + nogo.stderr
+    assert "NO GO" in nogo.stdout and "out of memory" in nogo.stdout and "first fix" in nogo.stdout
+
+
+def test_measure_validates_like_estimate():
+    out = run_cli("measure", "--model", "llama-2-7b", "--steps", "0")
+    assert out.returncode == 2 and "--steps" in out.stderr
+    out = run_cli("measure", "--help")
+    assert out.returncode == 0 and "--seq-len" in out.stdout and "--timeout" in out.stdout

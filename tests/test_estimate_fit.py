@@ -1,0 +1,91 @@
+"""Fit verdict and the what-if search."""
+
+from dataclasses import replace
+
+import pytest
+
+from loradoctor.errors import UserError
+from loradoctor.estimate.arch import resolve_arch
+from loradoctor.estimate.fit import (
+    Gpu, advise, find_gpu, fit, gpu_by_name, gpu_from_snapshot, gpu_from_vram, max_batch, max_seq_len, verdict_for,
+)
+from loradoctor.estimate.memory import EstimateInputs, estimate
+
+LLAMA31 = resolve_arch("meta-llama/Llama-3.1-8B")
+
+
+@pytest.mark.parametrize("name, card", [
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("rtx4090", "RTX 4090"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+    ("Tesla T4", "T4"),
+    ("h100", "H100 80GB"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("1x NVIDIA A10G", "A10G"),
+])
+def test_gpu_names_match_loosely(name, card):
+    assert find_gpu(name) == card
+
+
+def test_unknown_gpu_and_vram():
+    assert find_gpu("Radeon 7900") is None
+    with pytest.raises(UserError):
+        gpu_by_name("Radeon 7900")
+    assert gpu_from_vram("24GB").memory_bytes == 24_000_000_000
+    assert gpu_from_vram("22.5GiB").memory_bytes == int(22.5 * 2**30)
+    with pytest.raises(UserError):
+        gpu_from_vram("lots")
+
+
+def test_verdict_thresholds():
+    est = estimate(EstimateInputs(arch=LLAMA31, method="qlora", seq_len=1024, gradient_checkpointing=True))
+    low, high = est.band
+    assert verdict_for(est, high + 1) == "fits"
+    assert verdict_for(est, est.device_used_bytes + 1) == "tight"
+    assert verdict_for(est, est.device_used_bytes - 1) == "does not fit"
+
+
+def test_max_batch_and_seq_are_the_largest_that_fit():
+    inp = EstimateInputs(arch=LLAMA31, method="qlora", seq_len=2048, gradient_checkpointing=True)
+    budget = gpu_by_name("RTX 4090").memory_bytes
+    b = max_batch(inp, budget)
+    assert b is not None and b >= 1
+    assert estimate(replace(inp, batch=b)).device_used_bytes <= budget < estimate(replace(inp, batch=b + 1)).device_used_bytes
+    s = max_seq_len(inp, budget)
+    assert s % 64 == 0
+    assert estimate(replace(inp, seq_len=s)).device_used_bytes <= budget < estimate(replace(inp, seq_len=s + 64)).device_used_bytes
+    assert max_batch(replace(inp, method="full", quant="none"), budget) is None
+
+
+def test_advice_ordered_with_savings_and_stacking():
+    inp = estimate(EstimateInputs(arch=LLAMA31, method="lora", batch=4, seq_len=2048)).inputs
+    est = estimate(inp)
+    budget = gpu_by_name("RTX 4090").memory_bytes
+    changes = advise(inp, est, budget)
+    texts = [c.text for c in changes]
+    assert texts[0] == "turn on gradient checkpointing"
+    assert any(t.startswith("halve the batch") for t in texts)
+    assert any("QLoRA" in t for t in texts)
+    assert all(c.saves_bytes > 0 for c in changes)
+    stacked = [c.cumulative_bytes for c in changes]
+    assert stacked == sorted(stacked, reverse=True)  # each change on top of the previous only lowers the total
+    assert changes[-1].cumulative_bytes <= budget
+    gc_on = advise(replace(inp, gradient_checkpointing=True), estimate(replace(inp, gradient_checkpointing=True)), budget)
+    assert "turn on gradient checkpointing" not in [c.text for c in gc_on]
+
+
+def test_fit_against_local_free_memory():
+    snap = {"nvidia": {"gpus": [
+        {"index": 0, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864, "memory_free_bytes": 10 * 2**30},
+        {"index": 1, "name": "NVIDIA GeForce RTX 4090", "memory_total_bytes": 25757220864, "memory_used_bytes": 2**30},
+    ]}}
+    gpu0 = gpu_from_snapshot(snap, 0)
+    assert gpu0.memory_bytes == 10 * 2**30 and gpu0.source == "local free memory"
+    assert gpu_from_snapshot(snap, 1).memory_bytes == 25757220864 - 2**30
+    assert gpu_from_snapshot({"nvidia": {"error": "could not check: no driver"}}) is None
+    inp = EstimateInputs(arch=LLAMA31, method="qlora", seq_len=1024, gradient_checkpointing=True)
+    est = estimate(inp)
+    result = fit(est.inputs, est, gpu0)
+    assert result.verdict == "does not fit" and result.headroom_bytes < 0
+    assert fit(est.inputs, est, Gpu("big", 80 * 2**30, "vram")).verdict == "fits"
