@@ -241,7 +241,8 @@ def main():
             lora = LoraConfig(r=SPEC["rank"], lora_alpha=SPEC["alpha"], lora_dropout=SPEC["dropout"],
                               target_modules=list(SPEC["targets"]), modules_to_save=list(SPEC["modules_to_save"]) or None,
                               task_type="CAUSAL_LM")
-            model = get_peft_model(model, lora)
+            # PEFT upcasts adapters to fp32 (autocast_adapter_dtype); pure-half runs keep them in half
+            model = get_peft_model(model, lora, autocast_adapter_dtype=not SPEC["precision"].endswith("-true"))
         if SPEC["gradient_checkpointing"]:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(model, "enable_input_require_grads"):
