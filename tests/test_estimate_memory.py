@@ -89,23 +89,36 @@ def test_activations_scale_with_tokens_and_shrink_with_checkpointing():
 
 
 def test_per_layer_parts_hand_computed():
-    # Llama-2-7B, sdpa, bf16, LoRA q,v with dropout 0.05 on fp32 adapters; bytes per token
+    # Llama-2-7B, sdpa, bf16 autocast, LoRA q,v with dropout 0.05 on fp32 adapters; bytes per token
     parts = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, targets=("q_proj", "v_proj"), rank=8)))
     h, i = 4096, 11008
-    assert parts["norms"] == 2 * 4 * h  # two RMSNorms, each saving an fp32 copy
-    assert parts["linear inputs"] == 2 * h + 2 * h  # attention and MLP inputs
+    assert parts["norms"] == 2 * 4 * h  # two RMSNorms, each keeping an fp32 copy
+    assert parts["linear inputs"] == 0  # frozen nn.Linear keeps no input (autograd guards the save)
     assert parts["attention"] == 2 * 4 * h + 4 * 32  # q, k, v, out + logsumexp
-    assert parts["o_proj input"] == 2 * h
-    assert parts["mlp"] == 4 * 2 * i  # gate, up, act(gate) saved; down_proj input
-    assert parts["lora"] == 2 * (h + 2 * h) + 2 * 2 * 8  # mask + half copy per target, low-rank output
+    assert parts["mlp"] == 3 * 2 * i  # gate, up, act(gate)
+    assert parts["lora"] == 2 * (h + 2 * h) + 2 * 2 * 8  # bool mask + half copy per target, low-rank output
+
+
+def test_qlora_keeps_linear_inputs_and_runs_the_stream_in_fp32_on_hf():
+    # bitsandbytes' matmul keeps its input; k-bit prep upcasts norms/embeddings so the stream is fp32 and each
+    # linear gets its own bf16 copy (q, k, v, gate, up: h each; o: h; down: intermediate)
+    parts = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, method="qlora", targets=("q_proj",), dropout=0.0)))
+    h, i = 4096, 11008
+    assert parts["linear inputs"] == 2 * (5 * h + h + i)
+    assert parts["mlp"] == 3 * 4 * i
+    pure = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, method="qlora", framework="torchtune",
+                                                          precision="bf16-true", targets=("q_proj",), dropout=0.0)))
+    assert pure["linear inputs"] == 2 * (2 * h + h + i) and pure["mlp"] == 3 * 2 * i
+    full = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, method="full", precision="bf16-true")))
+    assert full["linear inputs"] == 2 * (2 * h + h + i)
 
 
 def test_eager_attention_costs_seq_squared():
-    base = EstimateInputs(arch=LLAMA2, seq_len=4096, gradient_checkpointing=False)
+    base = EstimateInputs(arch=LLAMA31, seq_len=4096, gradient_checkpointing=False)
     eager = estimate(replace(base, attn="eager")).peak_allocated_bytes
     sdpa = estimate(base).peak_allocated_bytes
     fa2 = estimate(replace(base, attn="flash_attention_2")).peak_allocated_bytes
-    assert eager > sdpa > fa2
+    assert eager > sdpa > fa2  # sdpa repeats k/v to all heads on GQA models, flash-attn does not
     # the s x s probabilities: heads x seq x (4 fp32 + 2 bf16) bytes per token per layer
     assert eager - sdpa >= 32 * 32 * 4096 * 6 * 4096 * 0.9
 

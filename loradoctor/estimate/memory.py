@@ -315,45 +315,90 @@ def _lora_saved_per_input(inp: EstimateInputs, in_features: int) -> float:
     input that lora_A saves; PEFT casts x to the fp32 adapter dtype, so under autocast lora_A saves a new
     half-precision copy even without dropout. Pure-bf16 frameworks without dropout share the layer input."""
     a = _act_bytes(inp)
-    copy_needed = inp.dropout > 0 or (trainable_bytes(inp) != a and inp.precision != "fp32")
+    copy_needed = inp.dropout > 0 or (_mixed(inp) and (trainable_bytes(inp) != a or stream_bytes(inp)[0] != a))
     mask = in_features if inp.dropout > 0 else 0
     return mask + (a * in_features if copy_needed else 0)
 
 
+def _mixed(inp: EstimateInputs) -> bool:
+    return inp.precision in ("bf16", "fp16")
+
+
+def _upcast(inp: EstimateInputs) -> bool:
+    return inp.upcast_non_quantized if inp.upcast_non_quantized is not None else inp.framework == "hf"
+
+
+def stream_bytes(inp: EstimateInputs) -> tuple[int, int]:
+    """(hidden-state bytes, linear-output bytes). HF k-bit training upcasts embeddings and norms to fp32 and
+    bitsandbytes returns its output in the input's dtype, so the whole residual stream and the MLP run in
+    fp32; fp32 master weights (full fine-tuning, litgpt bf16-mixed) make an fp32 stream whose linears
+    still compute in half precision under autocast."""
+    a = _act_bytes(inp)
+    if not _mixed(inp):
+        return a, a
+    if inp.quant != "none" and inp.framework == "hf" and _upcast(inp):
+        return 4, 4
+    if base_weight_bytes(inp) == 4:
+        return 4, a
+    return a, a
+
+
 def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
-    """Bytes per token saved by one decoder layer for backward, by part."""
+    """Bytes per token that one decoder layer keeps for backward, by part (checked against torch autograd's
+    saved tensors on an HF-style Llama layer with PEFT LoRA: see docs/estimate.md)."""
     arch = inp.arch
     a = _act_bytes(inp)
+    stream, lin_out = stream_bytes(inp)
     h, qd, kvd = arch.hidden, arch.q_dim, arch.kv_dim
     k_active = arch.experts_per_token if arch.experts else 1
     width = arch.expert_width * k_active
     s = inp.seq_len
     parts: dict[str, float] = {}
-    # RMSNorm upcasts to fp32 and saves that copy; LayerNorm saves its (autocast fp32 or half) input.
+    # RMSNorm upcasts to fp32 and keeps that copy (a fused/compiled norm keeps its input); LayerNorm keeps
+    # its input (in fp32 under autocast). A trainable norm weight also keeps the normalized input.
     if arch.norm == "rms":
-        per_norm = a * h if inp.torch_compile else 4 * h
+        per_norm = stream * h if inp.torch_compile else 4 * h
     else:
-        per_norm = 4 * h if (inp.precision in ("bf16", "fp16") and inp.framework == "hf") else a * h
+        per_norm = 4 * h if _mixed(inp) and inp.framework == "hf" else stream * h
+    if inp.method == "full":
+        per_norm += stream * h
     parts["norms"] = arch.norms_per_layer * per_norm
-    # Linear inputs are saved whether or not the weight trains (measured: LoRA activations ~ full FT).
-    mlp_input = 0 if arch.parallel_residual else a * h
-    parts["linear inputs"] = a * h + mlp_input + a * k_active * h * (1 if arch.experts else 0)
-    # attention: q, k, v after RoPE, output and logsumexp; sdpa/eager expand k/v to all heads (repeat_kv)
+    # Inputs of the layer's linears. A matmul keeps its input only to compute the weight's gradient, so a
+    # frozen nn.Linear keeps nothing (PyTorch guards the save); trainable weights (full fine-tuning) keep
+    # it, and bitsandbytes' 4-/8-bit matmul functions keep it regardless. When the stream is fp32 and the
+    # matmul runs in half precision, each linear gets (and keeps) its own cast copy.
+    per_module_copies = stream != a
+    if per_module_copies:
+        n_in = 3 + (2 if arch.mlp == "gated" else 1) * k_active
+        attn_mlp_inputs = a * h * n_in
+    else:
+        attn_mlp_inputs = a * h * (1 if arch.parallel_residual else 2) + (a * h * k_active if arch.experts else 0)
+    o_input = 0 if (inp.attn == "flash_attention_2" and not per_module_copies) else a * qd
+    linear_inputs = attn_mlp_inputs + o_input + a * width
+    keepers = 0
+    if inp.method == "full":
+        keepers += 1
+    if inp.quant != "none":
+        keepers += 1
+    if inp.framework == "litgpt" and inp.method != "full":
+        # litgpt's published tables (torch 2.1-2.4) show about this much more per layer than the saved
+        # tensors above account for, LoRA or not: modelled as retained linear inputs.
+        keepers += 1
+    parts["linear inputs"] = keepers * linear_inputs
+    # attention: q, k, v after RoPE, output and logsumexp in the compute dtype; sdpa/eager expand k/v to
+    # all heads first (repeat_kv); eager keeps the fp32 softmax and its half copy (s x s per head)
     eager = inp.attn == "eager" or (arch.attn_softcap > 0 and inp.framework == "litgpt")
     kv_saved = qd if (inp.attn == "sdpa" or eager) else kvd
     if eager:
-        # scores -> (tanh soft-cap) -> fp32 softmax saved -> half copy saved for probs @ v
-        capped = a if arch.attn_softcap > 0 else 0
+        capped = a if arch.attn_softcap > 0 else 0  # the tanh soft-cap output
         parts["attention"] = a * (2 * qd + kv_saved) + arch.heads * s * (4 + a + capped)
     else:
         parts["attention"] = a * (qd + 2 * kv_saved + qd) + 4 * arch.heads
-    # o_proj input: a copy (transpose + reshape) except with flash-attn's (b, s, h, d) output
-    parts["o_proj input"] = 0 if inp.attn == "flash_attention_2" else a * qd
+    # MLP: SwiGLU keeps gate, up and act(gate) (a fused/compiled one only gate and up); GELU its input
     if arch.mlp == "gated":
-        mlp = (2 if inp.torch_compile else 3) * a * width
+        parts["mlp"] = (2 if inp.torch_compile else 3) * lin_out * width
     else:
-        mlp = a * width
-    parts["mlp"] = mlp + a * width  # + down_proj input
+        parts["mlp"] = lin_out * width
     lora = 0.0
     if inp.method != "full":
         mods = arch.linear_modules()
@@ -371,8 +416,6 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
                 lora += mult * _lora_saved_per_input(inp, fin)
         lora += sum(a * inp.rank for _ in layer_targets)
     parts["lora"] = lora
-    if inp.precision in ("bf16", "fp16") and inp.method == "full" and inp.framework == "hf":
-        pass  # autocast weight copies are counted per parameter, not per token
     return parts
 
 
