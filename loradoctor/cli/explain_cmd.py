@@ -6,7 +6,6 @@ The engine (loradoctor.logs) and rich are imported inside the command functions 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -140,21 +139,14 @@ def load_env_snapshot(spec: str) -> dict[str, Any]:
             ) from None
         snapshot = collect_snapshot(quick=True)
         return snapshot.to_dict() if hasattr(snapshot, "to_dict") else dict(snapshot)
-    path = Path(spec)
-    if not path.is_file():
-        raise UserError(f"--env {spec}: no such file (give a `loradoctor env --format json` file, or 'live')")
+    # The env family's one snapshot reader: `loradoctor env --format json` output (the snapshot sits
+    # under "snapshot"), a bare snapshot, or pasted collect_env / nvidia-smi text.
+    from loradoctor.env.snapshot import load_snapshot
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"--env {spec}: not a JSON snapshot ({_one_line(exc)})") from None
-    # `loradoctor env --format json` wraps the snapshot; a bare snapshot is accepted too.
-    if isinstance(data, dict) and isinstance(data.get("snapshot"), dict):
-        data = data["snapshot"]
-    if not isinstance(data, dict) or not any(k in data for k in ("schema", "system", "nvidia", "torch")):
-        raise UserError(
-            f"--env {spec}: not a loradoctor snapshot (expected the output of `loradoctor env --format json`)"
-        )
-    return data
+        return load_snapshot(spec)
+    except UserError as exc:
+        raise UserError(f"--env: {exc}") from None
 
 
 class _StderrProgress:
