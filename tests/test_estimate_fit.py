@@ -66,13 +66,16 @@ def test_advice_ordered_with_savings_and_stacking():
     texts = [c.text for c in changes]
     assert texts[0] == "turn on gradient checkpointing"
     assert any(t.startswith("halve the batch") for t in texts)
-    assert any("QLoRA" in t for t in texts)
+    assert all(c.saves_bytes > 0 for c in changes)
     assert all(c.saves_bytes > 0 for c in changes)
     stacked = [c.cumulative_bytes for c in changes]
     assert stacked == sorted(stacked, reverse=True)  # each change on top of the previous only lowers the total
     assert changes[-1].cumulative_bytes <= budget
     gc_on = advise(replace(inp, gradient_checkpointing=True), estimate(replace(inp, gradient_checkpointing=True)), budget)
     assert "turn on gradient checkpointing" not in [c.text for c in gc_on]
+    # with checkpointing the weights dominate, and 4-bit weights are the big lever
+    qlora = next(c for c in gc_on if "QLoRA" in c.text)
+    assert qlora.saves_bytes > 5 * 2**30
 
 
 def test_fit_against_local_free_memory():
