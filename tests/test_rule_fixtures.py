@@ -85,20 +85,18 @@ def test_no_fixture_folder_without_a_rule():
 def test_positive_fixture_ranks_the_rule_cause_first(rule_id, path):
     rule = RULES_BY_ID[rule_id]
     report = _explain_fixture(path)
-    assert report.findings and report.findings[0].cause == rule.cause, (
-        f"{path.relative_to(ROOT)}: expected the first finding to be {rule.cause} (rule {rule_id}); got:\n"
-        + describe(report)
-    )
+    if not (report.findings and report.findings[0].cause == rule.cause):
+        pytest.fail(f"{path.relative_to(ROOT)}: expected the first finding to be {rule.cause} (rule {rule_id}); "
+                    "got:\n" + describe(report), pytrace=False)
 
 
 @pytest.mark.parametrize("rule_id, path", _cases("neg"))
 def test_negative_fixture_does_not_rank_the_rule_cause_first(rule_id, path):
     rule = RULES_BY_ID[rule_id]
     report = _explain_fixture(path)
-    assert not report.findings or report.findings[0].cause != rule.cause, (
-        f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
-        + describe(report)
-    )
+    if report.findings and report.findings[0].cause == rule.cause:
+        pytest.fail(f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
+                    + describe(report), pytrace=False)
 
 
 def _cause_ids() -> list[str]:
