@@ -159,8 +159,14 @@ def to_ere(pattern: str) -> tuple[Optional[str], str]:
         if marker in pattern:
             return None, why
     out: list[str] = []
-    i, n, in_class = 0, len(pattern), False
     notes: set[str] = set()
+    ignore_case = pattern.startswith("(?i)")
+    if ignore_case:  # a leading (?i): spell each letter as [aA]
+        if "[" in pattern.replace("\\[", ""):
+            return None, "(?i) with a bracket class"
+        pattern = pattern[4:]
+        notes.add("(?i) as [aA] classes")
+    i, n, in_class = 0, len(pattern), False
     while i < n:
         c = pattern[i]
         if c == "\\" and i + 1 < n:
@@ -196,9 +202,9 @@ def to_ere(pattern: str) -> tuple[Optional[str], str]:
                 out.append("\\" + d)  # an escaped metacharacter: \. \( \[ \| ...
             continue
         if in_class:
-            out.append(c)
-            if c == "]" and out[-2] != "[" and out[-2] != "^":
+            if c == "]" and out[-1] not in ("[", "^"):
                 in_class = False
+            out.append(c)
             i += 1
             continue
         if c == "[":
@@ -230,7 +236,7 @@ def to_ere(pattern: str) -> tuple[Optional[str], str]:
             i += 2
             notes.add("lazy quantifier")
             continue
-        out.append(c)
+        out.append(f"[{c.lower()}{c.upper()}]" if ignore_case and c.isascii() and c.isalpha() else c)
         i += 1
     return "".join(out), ", ".join(sorted(notes)) or "as is"
 
