@@ -6,6 +6,7 @@ Like Sigma's goodlog baseline: real LoRA/QLoRA runs are full of scary-looking bu
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ from loradoctor.logs.engine import explain
 
 GOODLOGS = Path(__file__).resolve().parent.parent / "fixtures" / "goodlogs"
 LOGS = sorted(p for p in GOODLOGS.iterdir() if p.name != "README.md" and not p.name.startswith("."))
+
+
+@lru_cache(maxsize=None)
+def _report(path: Path):
+    return explain([str(path)])
 
 
 def test_there_are_enough_goodlogs():
@@ -28,7 +34,7 @@ def test_every_goodlog_is_described_in_the_readme():
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
 def test_no_warning_or_error_on_a_healthy_run(path):
-    report = explain([str(path)])
+    report = _report(path)
     loud = [f for f in report.findings if f.severity in ("warning", "error")]
     if loud:
         details = "\n".join(
@@ -42,7 +48,7 @@ def test_no_warning_or_error_on_a_healthy_run(path):
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
 def test_the_engine_really_read_the_run(path):
     # Guards the test above against passing vacuously: the training records were parsed.
-    report = explain([str(path)])
+    report = _report(path)
     assert report.inputs and report.inputs[0]["lines"] > 50
     assert report.facts.get("metrics.steps", 0) >= 10, f"metrics.steps = {report.facts.get('metrics.steps')}"
     assert report.facts.get("metrics.train_finished") is True

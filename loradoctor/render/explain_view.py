@@ -218,7 +218,7 @@ def rule_doc(rule: Any) -> str:
         out.append("generic     yes (a catch-all: never ranked first over a specific finding)")
     source = _attr(rule, "source", None) or _attr(rule, "path", None)
     if source:
-        out.append(f"defined in  {source}")
+        out.append(f"defined in  {_relative(str(source))}")
     docs = str(_attr(rule, "docs", "") or "").strip()
     out += ["", "What it means:", _indent(docs or "(no docs written for this rule)")]
     patterns = list(_attr(rule, "patterns", []) or [])
@@ -252,6 +252,17 @@ def rule_doc(rule: Any) -> str:
     if references:
         out += ["", "References:"] + [f"  {r}" for r in references]
     return "\n".join(out) + "\n"
+
+
+def _relative(path: str) -> str:
+    """A path relative to the working directory when it lies inside it (shorter to read)."""
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
