@@ -4,7 +4,6 @@ the CPU with a tiny model."""
 
 import json
 import sys
-from dataclasses import replace
 
 import pytest
 

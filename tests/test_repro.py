@@ -5,13 +5,12 @@ import ast
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from loradoctor.errors import UserError
 from loradoctor.repro import REPRO_IDS, REPROS
-from loradoctor.repro.result import STATUSES, ReproResult, exit_code, overall_status, run_document
+from loradoctor.repro.result import ReproResult, exit_code, overall_status, run_document
 from loradoctor.repro.runner import parse_result_line, result_from_child, run_child, run_repro
 
 from conftest import ROOT, run_cli

@@ -49,7 +49,7 @@ def import_torch():
         import torch
     except ModuleNotFoundError as exc:
         emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
-    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+    except Exception:  # an installed torch that cannot load (missing libs, ABI)
         emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
     return torch
 
@@ -124,7 +124,8 @@ def main():
     err = (out.detach().float() - ref).abs().max().item()
     numbers["max_abs_error_vs_sdpa"] = err
     grads_finite = all(torch.isfinite(t.grad).all().item() for t in (q, k, v))
-    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    # a broken kernel is off by O(1); bf16 rounding of outputs near 2-3 alone reaches about 1e-2
+    tol = 5e-2 if dtype == torch.bfloat16 else 1e-2
     if not grads_finite:
         emit("FAIL", "flash_attn_func backward produced non-finite gradients", [], numbers)
     if not err < tol:

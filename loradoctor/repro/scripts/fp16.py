@@ -47,7 +47,7 @@ def import_torch():
         import torch
     except ModuleNotFoundError as exc:
         emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
-    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+    except Exception:  # an installed torch that cannot load (missing libs, ABI)
         emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
     return torch
 

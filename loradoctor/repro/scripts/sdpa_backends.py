@@ -50,7 +50,7 @@ def import_torch():
         import torch
     except ModuleNotFoundError as exc:
         emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
-    except Exception as exc:  # an installed torch that cannot load (missing libs, ABI)
+    except Exception:  # an installed torch that cannot load (missing libs, ABI)
         emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
     return torch
 
@@ -77,7 +77,6 @@ def run_main(main):
 # --- end of harness ---------------------------------------------------------------------------
 
 
-import contextlib
 import warnings
 
 
@@ -137,13 +136,13 @@ def main():
     if "math" not in outputs:
         problems.append("the math SDPA backend itself fails: attention cannot run in this setup")
     else:
-        tol = 3e-2 if dtype == torch.bfloat16 else (1e-2 if dtype == torch.float16 else 1e-4)
+        # a broken backend is off by O(1); the math backend itself rounds differently in half precision
+        tol = 6e-2 if dtype == torch.bfloat16 else (2e-2 if dtype == torch.float16 else 1e-4)
         for backend, out in outputs.items():
             err = (out - outputs["math"]).abs().max().item()
             numbers[f"max_abs_error_{backend}"] = err
             if not err < tol:
                 problems.append(f"SDPA {backend} differs from math by {err:.3g} (tolerance {tol})")
-    fused = [b for b in ("flash", "mem_efficient", "cudnn") if b in outputs]
     if "math" in outputs and not [b for b in ("flash", "mem_efficient") if b in outputs]:
         problems.insert(0, f"no fused SDPA backend runs in {dtype_name} with head dim {head_dim}: attention falls back "
                            "to math, whose memory grows with seq_len squared")
