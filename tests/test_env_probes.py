@@ -2,7 +2,6 @@
 `env.torch_broken` findings within the timeout, and the rest of the report must still arrive."""
 
 import json
-import sys
 import time
 from pathlib import Path
 

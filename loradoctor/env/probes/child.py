@@ -71,8 +71,8 @@ class ChildProbe:
     def _kill(self) -> None:
         assert self.proc is not None
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # POSIX: the whole group, grandchildren included
+        except (AttributeError, ProcessLookupError, PermissionError, OSError):  # AttributeError: Windows
             try:
                 self.proc.kill()
             except OSError:
