@@ -146,3 +146,26 @@ def test_quick_mode_skips_extension_probes():
     assert snap["meta"]["quick"] is True
     assert snap["bitsandbytes"]["error"].startswith("could not check")
     assert "probe" in snap["torch"]
+
+
+def test_env_on_an_interpreter_without_torch(tmp_path):
+    # A bare venv (no site-packages of ours): no torch, no driver here. That is not an error.
+    import subprocess
+    import sys as _sys
+
+    subprocess.run([_sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    py = tmp_path / "venv" / "bin" / "python"
+    res = run_cli("env", "--python", str(py), "--format", "json", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    snap = doc["snapshot"]
+    assert snap["torch"]["installed"] is False and snap["torch"]["probe"]["status"] == "missing"
+    assert "torch" not in snap["packages"]
+    assert snap["system"]["python_executable"] == str(py)
+    assert snap["bitsandbytes"]["installed"] is False and snap["flash_attn"]["installed"] is False
+    assert not [f for f in doc["findings"] if f["severity"] != "info"]
+
+
+def test_bad_python_option_exits_2(tmp_path):
+    res = run_cli("env", "--python", str(tmp_path / "nope"))
+    assert res.returncode == 2 and "not an executable interpreter" in res.stderr

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("text", "--format", help="text, json or md (Markdown for an issue; UUIDs, host and home paths redacted)."),
         strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
         timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Per-probe timeout (default 60 s for the child probes, 10 s for the rest)."),
+        python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Probe another interpreter (the one you train with) instead of loradoctor's own."),
         want: Optional[str] = typer.Option(None, "--want", metavar="LIST", help="Features you will use, checked against this GPU: bf16, fp16, flash-attn, bnb (comma-separated). ACCELERATE_MIXED_PRECISION is read too."),
         check: Optional[List[str]] = typer.Option(None, "--check", metavar="NAME", help="Run only this check (repeatable); see --list-checks."),
         list_checks: bool = typer.Option(False, "--list-checks", help="List the checks and exit."),
@@ -65,7 +66,15 @@ def register(app: typer.Typer) -> None:
         else:
             from loradoctor.env import collect_snapshot
 
-            snapshot = collect_snapshot(deep=deep, quick=quick, timeout_s=timeout, want=features)
+            if python is not None:
+                import os
+                import shutil
+
+                resolved = shutil.which(python) or python
+                if not (os.path.isfile(resolved) and os.access(resolved, os.X_OK)):
+                    raise UserError(f"--python: {python} is not an executable interpreter")
+                python = resolved
+            snapshot = collect_snapshot(deep=deep, quick=quick, timeout_s=timeout, want=features, python=python)
         findings = env_checks.run_checks(snapshot, only=check or None)
         _render(snapshot, findings, fmt, verbose)
         raise typer.Exit(env_view.exit_code(findings, strict=strict))

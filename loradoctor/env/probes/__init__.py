@@ -55,35 +55,60 @@ class _ThreadProbe:
         return self.value
 
 
-def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] = None) -> dict[str, Any]:
-    """Run every probe concurrently and assemble the snapshot sections (without meta)."""
+def _packages_in(python: str, timeout_s: float) -> dict[str, str]:
+    """The packages probe run by another interpreter (its own site-packages)."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent / "packages.py").read_text(encoding="utf-8")
+    res = subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout_s)
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
+        raise RuntimeError(f"{python}: {tail}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] = None,
+            python: Optional[str] = None) -> dict[str, Any]:
+    """Run every probe concurrently and assemble the snapshot sections (without meta).
+
+    `python`: probe another interpreter (its torch, extensions and packages) instead of this one.
+    """
     from loradoctor.env.probes import child, envvars, nvidia, packages, system
 
     child_timeout = timeout_s if timeout_s is not None else (QUICK_TIMEOUT_S if quick else DEFAULT_TIMEOUT_S)
     fast_timeout = min(FAST_PROBE_TIMEOUT_S, child_timeout) if timeout_s is not None else FAST_PROBE_TIMEOUT_S
     started = time.monotonic()
     # Children first: `import torch` is the slowest thing we do, everything else overlaps with it.
-    torch_child = child.ChildProbe("child_torch.py", ["--deep"] if deep else [], child_timeout)
+    torch_child = child.ChildProbe("child_torch.py", ["--deep"] if deep else [], child_timeout, python=python)
     ext_children = {}
     if not quick:
         for key, module, dists in (("bitsandbytes", "bitsandbytes", ("bitsandbytes",)),
                                    ("flash_attn", "flash_attn", ("flash-attn", "flash_attn"))):
-            version = _dist_installed(*dists)
-            if version is not None:
-                ext_children[key] = (version, child.ChildProbe("child_ext.py", [module], child_timeout))
+            # Another interpreter: we cannot read its metadata from here, so its child decides (find_spec, cheap).
+            version = _dist_installed(*dists) if python is None else None
+            if version is not None or python is not None:
+                ext_children[key] = (version, child.ChildProbe("child_ext.py", [module], child_timeout, python=python))
             else:
                 ext_children[key] = (None, None)
+    packages_fn = packages.probe if python is None else (lambda: _packages_in(python, fast_timeout))
     threads = {
         "system": _ThreadProbe("system", system.probe, fast_timeout),
         "nvidia": _ThreadProbe("nvidia", lambda: nvidia.probe(fast_timeout), fast_timeout),
-        "packages": _ThreadProbe("packages", packages.probe, fast_timeout),
+        "packages": _ThreadProbe("packages", packages_fn, fast_timeout),
         "env_vars": _ThreadProbe("env_vars", envvars.probe, fast_timeout),
     }
     snap: dict[str, Any] = {name: t.result() for name, t in threads.items()}
     times = {name: t.elapsed_s for name, t in threads.items()}
 
     torch_section = torch_child.result()
-    torch_dist = _dist_installed("torch")
+    for key in ("python", "python_executable"):  # the interpreter actually probed
+        value = torch_section.pop(key, None)
+        if value and isinstance(snap.get("system"), dict) and "error" not in snap["system"]:
+            snap["system"][key] = value
+    pk = snap.get("packages") if isinstance(snap.get("packages"), dict) else {}
+    torch_dist = _dist_installed("torch") if python is None else pk.get("torch")
     if "installed" not in torch_section:
         torch_section["installed"] = torch_dist is not None
     if torch_section.get("installed") and not torch_section.get("version") and torch_dist:
@@ -95,7 +120,8 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
             snap[key] = {"installed": False}
             continue
         section = probe.result()
-        section.setdefault("version", version)
+        if version is not None:
+            section.setdefault("version", version)
         section.setdefault("installed", True)
         snap[key] = section
         times[key] = section.get("probe", {}).get("elapsed_s")

@@ -21,7 +21,10 @@ def emit(stage):
 
 def main():
     import importlib.util
+    import platform
 
+    out["python"] = platform.python_version()
+    out["python_executable"] = sys.executable
     if importlib.util.find_spec("torch") is None:
         out["installed"] = False
         emit("missing")

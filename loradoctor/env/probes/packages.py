@@ -1,4 +1,6 @@
-"""Package versions from importlib.metadata: nothing is imported, so a broken package cannot hurt us."""
+"""Package versions from importlib.metadata: nothing is imported, so a broken package cannot hurt us.
+
+Standalone (stdlib only) so that `loradoctor env --python PATH` can run it in another interpreter."""
 
 from __future__ import annotations
 
@@ -34,3 +36,9 @@ def probe() -> dict[str, str]:
         if NVIDIA_WHEEL.match(name):
             out.setdefault(name, dist.version)
     return dict(sorted(out.items()))
+
+
+if __name__ == "__main__":  # run as a child of another interpreter (`loradoctor env --python PATH`)
+    import json
+
+    print(json.dumps(probe()))
