@@ -31,6 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
+    add_help_option=False,  # replaced by the bool --help below: typer coerces click's own flag through pydantic (slow import)
 )
 
 
@@ -40,9 +41,17 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _help(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    help_: bool = typer.Option(False, "-h", "--help", callback=_help, is_eager=True, expose_value=False,
+                               help="Show this message and exit."),
 ) -> None:
     pass
 

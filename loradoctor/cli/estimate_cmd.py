@@ -6,59 +6,70 @@ so `measure` (issue 5, loradoctor.repro.measure) takes exactly what `estimate` t
 
 from __future__ import annotations
 
+import argparse
 import inspect
-import json
 import os
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
 from loradoctor.errors import UserError
 
 
-def _opt(default: Any, *names: str, **kw: Any) -> Any:
-    return typer.Option(default, *names, **kw)
-
-
-# name -> (annotation, typer.Option). None defaults mean "not given": config files and defaults fill in.
-RUN_OPTIONS: list[tuple[str, Any, Any]] = [
-    ("model", Optional[str], _opt(None, "--model", "-m", metavar="ID|PATH",
-                                  help="Model folder, config.json, an id in the local HF cache, or a preset (e.g. meta-llama/Llama-3.1-8B).")),
-    ("config", Optional[List[Path]], _opt(None, "--config", "-c", metavar="FILE|DIR",
-                                          help="axolotl / LLaMA-Factory YAML, TrainingArguments JSON, adapter_config.json, or a folder (repeatable). Options on the command line win.")),
-    ("method", Optional[str], _opt(None, "--method", help="full | lora | qlora (default lora).")),
-    ("quant", Optional[str], _opt(None, "--quant", help="none | 8bit | nf4 | fp4 (qlora implies nf4).")),
-    ("double_quant", Optional[bool], _opt(None, "--double-quant/--no-double-quant", help="bitsandbytes double quantization of the 4-bit scales.")),
-    ("rank", Optional[int], _opt(None, "--rank", "-r", help="LoRA rank (default 16).")),
-    ("alpha", Optional[int], _opt(None, "--alpha", help="LoRA alpha (default 2 x rank; does not change memory).")),
-    ("dropout", Optional[float], _opt(None, "--dropout", help="LoRA dropout (default 0.05; > 0 saves a mask per target).")),
-    ("targets", Optional[str], _opt(None, "--targets", metavar="LIST", help="Target modules, comma-separated, or all-linear (default q_proj,v_proj).")),
-    ("modules_to_save", Optional[str], _opt(None, "--modules-to-save", metavar="LIST", help="Fully trained modules, e.g. embed_tokens,lm_head.")),
-    ("batch", Optional[int], _opt(None, "--batch", "-b", help="Per-device micro-batch size (default 1).")),
-    ("seq_len", Optional[int], _opt(None, "--seq-len", "-s", help="Longest sequence in a batch, tokens (default 2048).")),
-    ("grad_accum", Optional[int], _opt(None, "--grad-accum", help="Gradient accumulation steps (does not change the peak).")),
-    ("gradient_checkpointing", Optional[bool], _opt(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing (default off, as in TrainingArguments).")),
-    ("attn", Optional[str], _opt(None, "--attn", help="eager | sdpa | flash_attention_2 (default sdpa).")),
-    ("optim", Optional[str], _opt(None, "--optim", help="adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, adafactor, sgd.")),
-    ("precision", Optional[str], _opt(None, "--precision", help="bf16 | fp16 (mixed, PEFT keeps adapters fp32) | fp32 | bf16-true (everything bf16).")),
-    ("framework", Optional[str], _opt(None, "--framework", help="hf (transformers+peft, default) | litgpt | torchtune.")),
+# The options that describe a run, defined once for estimate, preflight and measure:
+# (dest, flags, argparse keyword arguments). None defaults mean "not given": config files and defaults fill in.
+RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("model", ("--model", "-m"), dict(metavar="ID|PATH", help="model folder, config.json, an id in the local HF cache, or a preset (e.g. meta-llama/Llama-3.1-8B)")),
+    ("config", ("--config", "-c"), dict(metavar="FILE|DIR", action="append", type=Path, help="axolotl / LLaMA-Factory YAML, TrainingArguments JSON, adapter_config.json, or a folder (repeatable); options on the command line win")),
+    ("method", ("--method",), dict(help="full | lora | qlora (default lora)")),
+    ("quant", ("--quant",), dict(help="none | 8bit | nf4 | fp4 (qlora implies nf4)")),
+    ("double_quant", ("--double-quant",), dict(action=argparse.BooleanOptionalAction, help="bitsandbytes double quantization of the 4-bit scales")),
+    ("rank", ("--rank", "-r"), dict(type=int, help="LoRA rank (default 16)")),
+    ("alpha", ("--alpha",), dict(type=int, help="LoRA alpha (default 2 x rank; does not change memory)")),
+    ("dropout", ("--dropout",), dict(type=float, help="LoRA dropout (default 0.05; > 0 keeps a mask per target)")),
+    ("targets", ("--targets",), dict(metavar="LIST", help="target modules, comma-separated, or all-linear (default q_proj,v_proj)")),
+    ("modules_to_save", ("--modules-to-save",), dict(metavar="LIST", help="fully trained modules, e.g. embed_tokens,lm_head")),
+    ("batch", ("--batch", "-b"), dict(type=int, help="per-device micro-batch size (default 1)")),
+    ("seq_len", ("--seq-len", "-s"), dict(type=int, help="longest sequence in a batch, tokens (default 2048)")),
+    ("grad_accum", ("--grad-accum",), dict(type=int, help="gradient accumulation steps (does not change the peak)")),
+    ("gradient_checkpointing", ("--gradient-checkpointing",), dict(action=argparse.BooleanOptionalAction, help="activation checkpointing (default off, as in TrainingArguments)")),
+    ("attn", ("--attn",), dict(help="eager | sdpa | flash_attention_2 (default sdpa)")),
+    ("optim", ("--optim",), dict(help="adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, adafactor, sgd")),
+    ("precision", ("--precision",), dict(help="bf16 | fp16 (mixed; PEFT keeps adapters fp32) | fp32 | bf16-true (everything bf16)")),
+    ("framework", ("--framework",), dict(help="hf (transformers+peft, default) | litgpt | torchtune")),
 ]
 RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
+FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))
 
 
-def _command(func: Callable[..., Any], extra: list[tuple[str, Any, Any]]) -> Callable[..., Any]:
-    """Give `func(**kwargs)` a signature made of RUN_OPTIONS + extra, which typer reads as its options."""
-    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
-              for name, ann, default in RUN_OPTIONS + extra]
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage the loradoctor way: one line, exit 2 (via UserError)."""
 
-    def wrapper(**kwargs: Any) -> Any:
-        return func(**kwargs)
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message}")
 
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__doc__ = func.__doc__
-    wrapper.__name__ = func.__name__
-    return wrapper
+
+def build_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]]) -> argparse.ArgumentParser:
+    """The parser for one of the three commands: RUN_OPTIONS + the command's own options.
+
+    Option parsing uses argparse rather than typer's per-option coercion, which imports pydantic (about
+    0.1-0.4 s): `estimate` must answer within 0.3 s of a bare interpreter start."""
+    parser = _Parser(prog=f"loradoctor {prog}", description=description, allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for dest, flags, kw in RUN_OPTIONS + extra:
+        parser.add_argument(*flags, dest=dest, **kw)
+    return parser
+
+
+def _register_argparse(app: typer.Typer, name: str, summary: str, description: str,
+                       extra: list[tuple[str, tuple[str, ...], dict[str, Any]]], body: Callable[[dict[str, Any]], None]) -> None:
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+    @app.command(name, help=summary, context_settings=settings, add_help_option=False)
+    def _cmd(ctx: typer.Context) -> None:
+        args = build_parser(name, description, extra).parse_args(list(ctx.args))
+        body(vars(args))
 
 
 def resolve_from_options(kwargs: dict[str, Any]):
@@ -104,11 +115,11 @@ def _estimate(**kw: Any) -> None:
         raise typer.Exit(1)
 
 
-ESTIMATE_EXTRA: list[tuple[str, Any, Any]] = [
-    ("gpu", Optional[str], _opt(None, "--gpu", metavar="NAME", help="Judge against this card (e.g. 'RTX 4090', A100-80GB, T4); see loradoctor/data/gpus.yaml.")),
-    ("vram", Optional[str], _opt(None, "--vram", metavar="SIZE", help="Judge against this much memory, e.g. 24GB or 22.5GiB.")),
-    ("what_if", bool, _opt(True, "--what-if/--no-what-if", help="Search the largest batch / longest sequence and rank the fixes.")),
-    ("fmt", str, _opt("text", "--format", help="text or json.")),
+ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4); see loradoctor/data/gpus.yaml")),
+    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory, e.g. 24GB or 22.5GiB")),
+    ("what_if", ("--what-if",), dict(action=argparse.BooleanOptionalAction, default=True, help="search the largest batch / longest sequence and rank the fixes (default on)")),
+    FORMAT_OPTION,
 ]
 
 
@@ -218,13 +229,12 @@ def _preflight(**kw: Any) -> None:
     raise typer.Exit(0 if out["go"] else 1)
 
 
-PREFLIGHT_EXTRA: list[tuple[str, Any, Any]] = [
-    ("gpu_index", Optional[int], _opt(None, "--gpu-index", help="Which GPU the run uses (default: first of CUDA_VISIBLE_DEVICES, else 0).")),
-    ("gpu", Optional[str], _opt(None, "--gpu", metavar="NAME", help="Judge against this card's full memory instead of the free memory now.")),
-    ("vram", Optional[str], _opt(None, "--vram", metavar="SIZE", help="Judge against this much memory instead of the free memory now.")),
-    ("snapshot", Optional[Path], _opt(None, "--snapshot", metavar="FILE", hidden=True,
-                                      help="Use a saved `env --format json` snapshot instead of probing (tests, remote machines).")),
-    ("fmt", str, _opt("text", "--format", help="text or json.")),
+PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("gpu_index", ("--gpu-index",), dict(type=int, help="which GPU the run uses (default: first of CUDA_VISIBLE_DEVICES, else 0)")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card's full memory instead of the free memory now")),
+    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory instead of the free memory now")),
+    ("snapshot", ("--snapshot",), dict(metavar="FILE", help=argparse.SUPPRESS)),  # a saved env snapshot (tests, remote machines)
+    FORMAT_OPTION,
 ]
 
 
@@ -248,14 +258,20 @@ def _measure(**kw: Any) -> None:
     raise typer.Exit(measure_command(inputs, fmt, steps, timeout_s))
 
 
-MEASURE_EXTRA: list[tuple[str, Any, Any]] = [
-    ("steps", int, _opt(5, "--steps", help="Training steps to measure (the first is warm-up).")),
-    ("timeout", float, _opt(600.0, "--timeout", metavar="SECONDS", help="Give up after this long.")),
-    ("fmt", str, _opt("text", "--format", help="text or json.")),
+MEASURE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
+    ("steps", ("--steps",), dict(type=int, default=5, help="training steps to measure (the first is warm-up; default 5)")),
+    ("timeout", ("--timeout",), dict(type=float, default=600.0, metavar="SECONDS", help="give up after this long (default 600)")),
+    FORMAT_OPTION,
 ]
 
 
+def _doc(func: Callable[..., Any]) -> tuple[str, str]:
+    doc = inspect.cleandoc(func.__doc__ or "")
+    return doc.split(".")[0] + ".", doc
+
+
 def register(app: typer.Typer) -> None:
-    app.command("estimate")(_command(_estimate, ESTIMATE_EXTRA))
-    app.command("preflight")(_command(_preflight, PREFLIGHT_EXTRA))
-    app.command("measure")(_command(_measure, MEASURE_EXTRA))
+    for name, func, extra in (("estimate", _estimate, ESTIMATE_EXTRA), ("preflight", _preflight, PREFLIGHT_EXTRA),
+                              ("measure", _measure, MEASURE_EXTRA)):
+        summary, description = _doc(func)
+        _register_argparse(app, name, summary, description, extra, lambda kw, f=func: f(**kw))
