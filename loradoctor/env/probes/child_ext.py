@@ -3,6 +3,7 @@
 Standalone (no loradoctor imports). Usage: python -c "<this source>" bitsandbytes|flash_attn
 """
 import json
+import os
 import sys
 import traceback
 
@@ -71,4 +72,8 @@ def main():
     return 0
 
 
-sys.exit(main())
+code = main()
+# Skip interpreter teardown: unloading torch takes seconds and we have printed everything we need.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)

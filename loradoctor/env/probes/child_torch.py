@@ -5,6 +5,7 @@ keeps the last record it sees, so a crash or hang in a late stage (CUDA init) st
 the earlier stages learned. Usage: python -c "<this source>" [--deep]
 """
 import json
+import os
 import sys
 import time
 import traceback
@@ -123,4 +124,8 @@ def deep_checks(torch, count):
     return results
 
 
-sys.exit(main())
+code = main()
+# Skip interpreter teardown: unloading torch takes seconds and we have printed everything we need.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
