@@ -429,11 +429,16 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     transient: dict[str, int] = {}
     if inp.gradient_checkpointing:
         kept_layers = min(arch.layers, 2) if inp.activation_offloading else arch.layers
-        saved["checkpointed hidden states"] = int(kept_layers * a * arch.hidden * tokens)
+        # each layer's input, in the residual stream's dtype (fp32 in HF k-bit training)
+        saved["checkpointed hidden states"] = int(kept_layers * stream_bytes(inp)[0] * arch.hidden * tokens)
     else:
         saved[f"activations ({arch.layers} layers)"] = int(arch.layers * per_layer * tokens)
-    # final norm + lm_head input; LoRA on lm_head
-    lm_extra = 4 * arch.hidden + a * arch.hidden
+    # final norm (fp32 copy); the lm_head keeps its input only when it trains, is quantized (bitsandbytes),
+    # or under litgpt's retention (see layer_activation_parts); LoRA on lm_head
+    lm_extra = 4 * arch.hidden
+    lm_head_quantized = inp.quant != "none" and inp.framework == "litgpt" and not arch.tied
+    keeps = (inp.method == "full") + lm_head_quantized + (inp.framework == "litgpt" and inp.method != "full")
+    lm_extra += keeps * a * arch.hidden
     if "lm_head" in inp.targets and inp.method != "full":
         lm_extra += _lora_saved_per_input(inp, arch.hidden) + a * inp.rank
     saved["final norm, lm_head input"] = int(lm_extra * tokens)
