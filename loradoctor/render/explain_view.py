@@ -43,7 +43,7 @@ def _input_label(inp: dict[str, Any]) -> str:
         parts.append(str(inp["compressed"]) if isinstance(inp["compressed"], str) else "compressed")
     ranks = inp.get("ranks")
     if ranks:
-        parts.append("ranks " + ",".join(str(r) for r in ranks))
+        parts.append(("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks))
     name = str(inp.get("path", "?"))
     return f"{name} ({', '.join(parts)})" if parts else name
 
