@@ -246,6 +246,13 @@ def test_bad_rules_folder(capsys, tmp_path, jam_log, make):
     _one_line_error(*cli(capsys, "explain", str(jam_log), "--rules", str(target)), "rules-here")
 
 
+def test_broken_user_rule_is_a_one_line_error(capsys, tmp_path, jam_log):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text(USER_RULES.replace("(\\d+)", "(\\d+"), encoding="utf-8")
+    _one_line_error(*cli(capsys, "explain", str(jam_log), "--rules", str(folder)), "broken.yaml")
+
+
 @pytest.mark.parametrize("content", [None, "{not json", '{"hello": "world"}', "[1, 2, 3]"])
 def test_bad_env_file(capsys, tmp_path, jam_log, content):
     path = tmp_path / "env.json"
