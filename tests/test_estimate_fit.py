@@ -92,3 +92,14 @@ def test_fit_against_local_free_memory():
     result = fit(est.inputs, est, gpu0)
     assert result.verdict == "does not fit" and result.headroom_bytes < 0
     assert fit(est.inputs, est, Gpu("big", 80 * 2**30, "vram")).verdict == "fits"
+
+
+def test_pre_ampere_card_warns_and_skips_flash_attention_advice():
+    inp = EstimateInputs(arch=resolve_arch("Qwen/Qwen2.5-0.5B"), method="full", seq_len=1024, batch=4)
+    est = estimate(inp)
+    t4 = gpu_by_name("T4")
+    result = fit(est.inputs, est, t4)
+    assert any("no native bf16" in w for w in result.warnings)
+    assert not any("flash_attention_2" in c.option for c in result.advice)
+    a100 = fit(est.inputs, est, gpu_by_name("A100 40GB"))
+    assert a100.warnings == []

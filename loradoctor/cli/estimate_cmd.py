@@ -110,7 +110,7 @@ def _estimate(**kw: Any) -> None:
         from loradoctor.render.estimate_view import print_estimate
         from loradoctor.render.terminal import console
 
-        print_estimate(console(), est, result, provenance, assumed(provenance))
+        print_estimate(console(), est, result, provenance, assumed(provenance, est.inputs.method))
     if result is not None and result.verdict == "does not fit":
         raise typer.Exit(1)
 

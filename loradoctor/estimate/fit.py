@@ -23,10 +23,22 @@ class Gpu:
     name: str
     memory_bytes: int  # budget the run may use (total as nvidia-smi reports, or the free memory now)
     source: str  # 'table' | 'vram' | 'local free memory'
-    bf16: Optional[bool] = None
+    bf16: Optional[bool] = None  # None: unknown card
+    compute_capability: Optional[str] = None
+
+    @property
+    def flash_attn_ok(self) -> Optional[bool]:
+        """FlashAttention-2 needs Ampere (sm80) or newer; None when the card is unknown."""
+        if not self.compute_capability:
+            return None
+        try:
+            return float(self.compute_capability) >= 8.0
+        except ValueError:
+            return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "memory_bytes": self.memory_bytes, "source": self.source, "bf16": self.bf16}
+        return {"name": self.name, "memory_bytes": self.memory_bytes, "source": self.source, "bf16": self.bf16,
+                "compute_capability": self.compute_capability}
 
 
 @dataclass
@@ -54,11 +66,12 @@ class Fit:
     max_batch: Optional[int] = None
     max_seq_len: Optional[int] = None
     advice: list[Change] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the card cannot run this config as written
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu.to_dict(), "verdict": self.verdict, "headroom_bytes": self.headroom_bytes,
                 "max_batch": self.max_batch, "max_seq_len": self.max_seq_len,
-                "advice": [c.to_dict() for c in self.advice]}
+                "advice": [c.to_dict() for c in self.advice], "warnings": list(self.warnings)}
 
 
 # --- the card table ------------------------------------------------------------------------------
@@ -108,7 +121,8 @@ def gpu_by_name(name: str) -> Gpu:
     if card is None:
         raise UserError(f"unknown GPU {name!r}; known cards: {', '.join(gpu_table())} (or pass --vram 24GB)")
     spec = gpu_table()[card]
-    return Gpu(name=card, memory_bytes=int(spec["memory_mib"]) * MIB, source="table", bf16=spec.get("bf16"))
+    return Gpu(name=card, memory_bytes=int(spec["memory_mib"]) * MIB, source="table", bf16=spec.get("bf16"),
+               compute_capability=str(spec["cc"]) if spec.get("cc") else None)
 
 
 def gpu_from_vram(text: str) -> Gpu:
@@ -143,7 +157,14 @@ def gpu_from_snapshot(snapshot: dict[str, Any], index: int = 0) -> Optional[Gpu]
     name = str(gpu.get("name") or f"GPU {index}")
     card = find_gpu(name)
     bf16 = gpu_table()[card].get("bf16") if card else None
-    return Gpu(name=f"{name} (free now)", memory_bytes=int(free), source="local free memory", bf16=bf16)
+    cc = gpu.get("compute_capability") or (gpu_table()[card].get("cc") if card else None)
+    if bf16 is None and cc:
+        try:
+            bf16 = float(cc) >= 8.0
+        except ValueError:
+            pass
+    return Gpu(name=f"{name} (free now)", memory_bytes=int(free), source="local free memory", bf16=bf16,
+               compute_capability=str(cc) if cc else None)
 
 
 # --- verdict and what-if -------------------------------------------------------------------------
@@ -181,14 +202,24 @@ def max_seq_len(inp: EstimateInputs, budget: int, step: int = 64, limit_tokens: 
     return None if n is None else n * step
 
 
-def candidate_changes(inp: EstimateInputs) -> list[tuple[str, str, Callable[[EstimateInputs], EstimateInputs]]]:
+def card_warnings(inp: EstimateInputs, gpu: Gpu) -> list[str]:
+    """What this card cannot do as configured (pre-Ampere: no bf16, no FlashAttention-2)."""
+    out = []
+    if gpu.bf16 is False and inp.precision.startswith("bf16"):
+        out.append(f"{gpu.name} has no native bf16: use --precision fp16 (same memory)")
+    if gpu.flash_attn_ok is False and inp.attn == "flash_attention_2":
+        out.append(f"FlashAttention-2 needs an Ampere or newer GPU; {gpu.name} is sm{gpu.compute_capability}: use sdpa")
+    return out
+
+
+def candidate_changes(inp: EstimateInputs, gpu: Optional[Gpu] = None) -> list[tuple[str, str, Callable[[EstimateInputs], EstimateInputs]]]:
     """Changes in the order a person tunes a run: free wins first, then batch/length, then the method.
     Each is a function of the inputs so it can be applied alone or on top of the previous ones."""
     out: list[tuple[str, str, Callable[[EstimateInputs], EstimateInputs]]] = []
     if not inp.gradient_checkpointing:
         out.append(("turn on gradient checkpointing", "--gradient-checkpointing",
                     lambda i: replace(i, gradient_checkpointing=True)))
-    if inp.attn != "flash_attention_2":
+    if inp.attn != "flash_attention_2" and (gpu is None or gpu.flash_attn_ok is not False):
         out.append(("use flash_attention_2 (no repeated k/v, no s x s scores)", "--attn flash_attention_2",
                     lambda i: replace(i, attn="flash_attention_2")))
     if inp.optim not in ("paged_adamw_8bit", "adamw_8bit", "sgd", "adafactor"):
@@ -216,12 +247,12 @@ def candidate_changes(inp: EstimateInputs) -> list[tuple[str, str, Callable[[Est
     return out
 
 
-def advise(inp: EstimateInputs, est: Estimate, budget: int) -> list[Change]:
+def advise(inp: EstimateInputs, est: Estimate, budget: int, gpu: Optional[Gpu] = None) -> list[Change]:
     """Each candidate change with what it saves alone on this config, and the total after applying it on top
     of the changes listed before it. Changes that save nothing are dropped."""
     changes: list[Change] = []
     cumulative = inp
-    for text, option, apply in candidate_changes(inp):
+    for text, option, apply in candidate_changes(inp, gpu):
         try:
             alone = estimate(apply(inp))
             stacked_inputs = apply(cumulative)
@@ -240,10 +271,11 @@ def advise(inp: EstimateInputs, est: Estimate, budget: int) -> list[Change]:
 def fit(inp: EstimateInputs, est: Estimate, gpu: Gpu, what_if: bool = True) -> Fit:
     """Verdict against the card, and (what_if) the largest batch / longest sequence and ordered advice."""
     budget = gpu.memory_bytes
-    result = Fit(gpu=gpu, verdict=verdict_for(est, budget), headroom_bytes=budget - est.device_used_bytes)
+    result = Fit(gpu=gpu, verdict=verdict_for(est, budget), headroom_bytes=budget - est.device_used_bytes,
+                 warnings=card_warnings(est.inputs, gpu))
     if what_if:
         base = est.inputs
         result.max_batch = max_batch(base, budget)
         result.max_seq_len = max_seq_len(base, budget)
-        result.advice = advise(base, est, budget)
+        result.advice = advise(base, est, budget, gpu)
     return result

@@ -105,9 +105,12 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
     return validate(inputs), source
 
 
-def assumed(source: dict[str, str]) -> list[str]:
-    """The inputs nobody set (they matter: say them)."""
-    return [k for k, v in source.items() if v == "default" and k in ("seq_len", "batch", "gradient_checkpointing", "attn", "optim", "precision", "rank", "targets")]
+def assumed(source: dict[str, str], method: str = "lora") -> list[str]:
+    """The inputs nobody set that change the estimate (say them: an estimate is only as good as its inputs)."""
+    keys = ["seq_len", "batch", "gradient_checkpointing", "attn", "optim", "precision"]
+    if method != "full":
+        keys += ["rank", "targets"]
+    return [k for k in keys if source.get(k) == "default"]
 
 
 def gpu_budget(gpu: Optional[str], vram: Optional[str]):

@@ -540,6 +540,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
     if inp.method == "full" and base_weight_bytes(inp) == 4 and inp.precision in ("bf16", "fp16"):
         # autocast casts each fp32 weight to half once per forward; backward keeps the copies alive
         autocast_copies = 2 * sum(i * o * c for i, o, c in arch.linear_modules().values()) * arch.layers
+        autocast_copies += 2 * arch.vocab * arch.hidden  # the lm_head matmul (tied or not)
     elif inp.quant != "none" and inp.framework == "hf" and inp.upcast_non_quantized is not False and inp.precision != "fp32":
         # the fp32-upcast lm_head is cast to half by autocast each forward and kept for backward
         autocast_copies = 2 * arch.vocab * arch.hidden

@@ -92,6 +92,8 @@ def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str,
     head = fit.headroom_bytes
     room = f"{_gib(head)} headroom" if head >= 0 else f"short by {_gib(-head)}"
     con.print(f"[{style}]{fit.verdict.upper()}[/] on {escape(fit.gpu.name)} ({_gib(fit.gpu.memory_bytes)}, {fit.gpu.source}): {room}")
+    for w in fit.warnings:
+        con.print(f"   [yellow]warning:[/] {escape(w)}")
     if fit.max_batch is not None or fit.max_seq_len is not None:
         mb = fit.max_batch if fit.max_batch is not None else "none (batch 1 does not fit)"
         ms = fit.max_seq_len if fit.max_seq_len is not None else "none"
