@@ -86,3 +86,25 @@ def test_measure_validates_like_estimate():
     assert out.returncode == 2 and "--steps" in out.stderr
     out = run_cli("measure", "--help")
     assert out.returncode == 0 and "--seq-len" in out.stdout and "--timeout" in out.stdout
+
+
+def test_preflight_core_no_gpu_and_env_error():
+    from loradoctor.cli.estimate_cmd import run_preflight
+    from loradoctor.estimate.arch import resolve_arch
+    from loradoctor.estimate.memory import EstimateInputs
+
+    inputs = EstimateInputs(arch=resolve_arch("Qwen/Qwen2.5-0.5B"), seq_len=512)
+    no_gpu = json.loads(json.dumps(HEALTHY_SNAPSHOT))
+    no_gpu["nvidia"] = {"error": "could not check: NVML Shared Library Not Found"}
+    out = run_preflight(inputs, no_gpu, 0)
+    assert out["go"] is False and out["first_fix"]
+    # a T4 asked for bf16: the env checks' error comes first, with its fix
+    t4 = json.loads(json.dumps(HEALTHY_SNAPSHOT))
+    t4["nvidia"]["gpus"][0].update({"name": "Tesla T4", "compute_capability": "7.5",
+                                    "memory_total_bytes": 16_106_127_360, "memory_free_bytes": 15_600_000_000})
+    t4["torch"]["arch_list"] = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
+    out = run_preflight(inputs, t4, 0)
+    assert out["go"] is False
+    assert "bf16" in out["reason"] and out["first_fix"]
+    healthy = run_preflight(inputs, HEALTHY_SNAPSHOT, 0)
+    assert healthy["go"] is True and healthy["fit"].verdict == "fits"
