@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -22,11 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
+def timed(cmd: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, return code, CPU seconds of the command and all its children)."""
     env = dict(os.environ, NO_COLOR="1")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
-    return time.perf_counter() - started, res.returncode
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, res.returncode, cpu
 
 
 def main() -> int:
@@ -40,20 +46,29 @@ def main() -> int:
     ours_cmd = [sys.executable, "-m", "loradoctor", "env", "--format", "json"] + (["--deep"] if args.deep else [])
     theirs_cmd = [sys.executable, "-m", "torch.utils.collect_env"]
     timed(ours_cmd), timed(theirs_cmd)  # warm the page cache for both before measuring
-    ours, theirs = [], []
+    ours, theirs, ours_cpu, theirs_cpu = [], [], [], []
     for _ in range(args.reps):
-        t, rc = timed(ours_cmd)
+        t, rc, cpu = timed(ours_cmd)
         if rc not in (0, 1):
             print(f"loradoctor env exited {rc}", file=sys.stderr)
             return 2
         ours.append(t)
-        theirs.append(timed(theirs_cmd)[0])
+        ours_cpu.append(cpu)
+        t, _, cpu = timed(theirs_cmd)
+        theirs.append(t)
+        theirs_cpu.append(cpu)
     m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
     print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {args.reps} repetitions each (interleaved)")
     print(f"loradoctor env{' --deep' if args.deep else ''}: median {m_ours:.3f} s  (runs: {', '.join(f'{t:.2f}' for t in ours)})")
     print(f"torch.utils.collect_env: median {m_theirs:.3f} s  (runs: {', '.join(f'{t:.2f}' for t in theirs)})")
+    print(f"CPU time (user+sys, all processes): loradoctor env median {statistics.median(ours_cpu):.3f} s, "
+          f"collect_env median {statistics.median(theirs_cpu):.3f} s")
+    try:
+        print(f"load average during the run: {open('/proc/loadavg').read().split()[0]} on {os.cpu_count()} CPUs")
+    except OSError:
+        pass
     ratio = m_ours / m_theirs
-    print(f"ratio: {ratio:.2f} (target <= 0.50: {'met' if ratio <= 0.5 else 'NOT met'})")
+    print(f"ratio (wall, medians): {ratio:.2f} (target <= 0.50: {'met' if ratio <= 0.5 else 'NOT met'})")
     return 0
 
 
