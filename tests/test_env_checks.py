@@ -54,7 +54,7 @@ def test_fixture_findings(name):
 
 def test_every_check_fires_on_some_fixture():
     fired = {f.rule[4:] for name in EXPECTED for f in run_checks(load(name))}
-    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig"}  # covered by the tests below
+    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig", "deep_matmul"}  # covered by the tests below
 
 
 def _fix_commands(findings, cause):
@@ -266,3 +266,28 @@ def test_a_crashing_check_does_not_hide_the_others():
 def test_checks_tolerate_an_empty_snapshot():
     assert run_checks({}) == []
     assert run_checks({"nvidia": {"error": "could not check: x"}, "torch": {"error": "could not check: y"}}) == []
+
+
+def _deep(snap, bf16, fp16):
+    snap["torch"]["deep"] = [{"index": 0, "bf16": bf16, "fp16": fp16}]
+    return snap
+
+
+def test_deep_matmul_results():
+    ok = {"ok": True, "max_rel_err": 0.004}
+    assert not run_checks(_deep(load("healthy_ampere_32gb"), ok, ok), only=["deep_matmul"])
+    wrong = run_checks(_deep(load("healthy_ampere_32gb"), {"ok": False, "max_rel_err": 1.7}, ok), only=["deep_matmul"])
+    assert [(f.cause, f.severity, f.repro) for f in wrong] == [("cuda.illegal_access", "error", "bf16")]
+    nokernel = run_checks(_deep(load("healthy_ampere_32gb"), ok, {"ok": False, "error": "AcceleratorError: CUDA error: no kernel image is available for execution on the device"}),
+                          only=["deep_matmul"])
+    assert [f.cause for f in nokernel] == ["env.arch_unsupported"]
+    # bf16 failing on a T4 is expected (the bf16 check covers it)
+    assert not run_checks(_deep(load("t4_bf16_requested"), {"ok": False, "error": "x"}, ok), only=["deep_matmul"])
+
+
+def test_findings_name_the_confirming_repro():
+    f = next(f for f in run_checks(load("t4_bf16_requested")) if f.cause == "env.bf16_unsupported")
+    assert f.repro == "bf16"
+    from loradoctor.repro.catalog import REPROS
+
+    assert set(checks.CAUSE_REPRO.values()) <= set(REPROS)

@@ -1010,6 +1010,38 @@ def check_mig(snapshot: dict) -> list[Finding]:
     return out
 
 
+def check_deep_matmul(snapshot: dict) -> list[Finding]:
+    """`--deep` results: a 256x256 matmul per device in bf16 and fp16, compared with fp32."""
+    out = []
+    devices = {d.get("index"): d for d in torch_info(snapshot).get("devices") or [] if isinstance(d, dict)}
+    for r in torch_info(snapshot).get("deep") or []:
+        idx = r.get("index")
+        dev = devices.get(idx, {})
+        cc = cc_tuple(dev.get("capability"))
+        label = f"GPU {idx} ({dev.get('name', '?')})"
+        for dtype in ("bf16", "fp16"):
+            res = r.get(dtype)
+            if not isinstance(res, dict) or res.get("ok"):
+                continue
+            if dtype == "bf16" and cc is not None and cc < (8, 0):
+                continue  # expected on pre-Ampere; the bf16 check explains it
+            err = str(res.get("error") or "")
+            no_kernel = "no kernel image" in err
+            detail = err or f"max relative error {res.get('max_rel_err')} against fp32"
+            out.append(_finding(
+                "deep_matmul", "env.arch_unsupported" if no_kernel else "cuda.illegal_access", "error",
+                f"{dtype} matmul on {label} {'failed' if err else 'gave wrong results'}: {detail}"[:200],
+                summary="A tiny matrix product in half precision should match fp32 closely; a failure points at the torch "
+                        "build (missing kernels) or, with correct kernels, at the GPU itself.",
+                evidence=[_ev(f"torch.deep[{idx}].{dtype}", detail)],
+                repro=dtype,
+                fixes=[Fix("Repeat it in isolation", f"loradoctor repro run {dtype}"),
+                       Fix("Check the GPU's health (ECC, Xid) and run the vendor diagnostic", "dcgmi diag -r 2")],
+                confidence=0.8,
+            ))
+    return out
+
+
 CHECKS: list[Check] = [
     Check("nvml_mismatch", "driver", "kernel module vs user-space driver libraries (reboot after a driver upgrade)", check_nvml_mismatch),
     Check("torch_installed", "torch", "torch is installed in this interpreter", check_torch_installed),
@@ -1030,8 +1062,16 @@ CHECKS: list[Check] = [
     Check("memory_errors", "health", "ECC errors, retired pages, row remapping", check_memory_errors),
     Check("host", "system", "/dev/shm, free disk for checkpoints and the HF cache, host RAM", check_host),
     Check("mig", "gpu", "MIG mode", check_mig),
+    Check("deep_matmul", "health", "--deep: bf16 / fp16 matmul on each GPU matches fp32", check_deep_matmul),
 ]
 CHECK_AREAS = {c.name: c.area for c in CHECKS}
+# The GPU test (`loradoctor repro run ID`) that confirms a finding of this cause on the machine itself.
+CAUSE_REPRO = {
+    "env.torch_cpu_only": "cuda-init", "env.driver_too_old": "cuda-init", "env.arch_unsupported": "cuda-init",
+    "env.no_gpu_visible": "cuda-init", "env.nvml_mismatch": "cuda-init", "env.bf16_unsupported": "bf16",
+    "env.flash_attn_unsupported": "flash-attn", "env.flash_attn_broken": "flash-attn", "env.bnb_broken": "bnb-4bit",
+    "oom.other_process": "free-memory",
+}
 CHECK_NAMES = [c.name for c in CHECKS]
 
 
@@ -1059,4 +1099,7 @@ def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Fin
                 severity="info", confidence=0.2, area=check.area,
                 title=f"could not check {check.name}: {type(exc).__name__}: {exc}",
             ))
+    for f in findings:
+        if f.repro is None and f.severity != "info":
+            f.repro = CAUSE_REPRO.get(f.cause)
     return assign_ranks(findings)
