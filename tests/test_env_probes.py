@@ -144,7 +144,8 @@ def test_quick_mode_skips_extension_probes():
 
     snap = collect_snapshot(quick=True, timeout_s=60)
     assert snap["meta"]["quick"] is True
-    assert snap["bitsandbytes"]["error"].startswith("could not check")
+    for key in ("bitsandbytes", "flash_attn"):  # not installed here: nothing to skip; installed: skipped, not probed
+        assert snap[key] == {"installed": False} or snap[key]["error"] == "could not check: skipped in quick mode"
     assert "probe" in snap["torch"]
 
 

@@ -126,8 +126,10 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
         snap[key] = section
         times[key] = section.get("probe", {}).get("elapsed_s")
     if quick:
-        for key in ("bitsandbytes", "flash_attn"):
-            snap[key] = {"error": "could not check: skipped in quick mode"}
+        for key, dists in (("bitsandbytes", ("bitsandbytes",)), ("flash_attn", ("flash-attn", "flash_attn"))):
+            version = _dist_installed(*dists) if python is None else pk.get(dists[0])
+            snap[key] = ({"installed": True, "version": version, "error": "could not check: skipped in quick mode"}
+                         if version is not None else {"installed": False})
     snap["_probe_times_s"] = times
     snap["_elapsed_s"] = round(time.monotonic() - started, 3)
     return snap
