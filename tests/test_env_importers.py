@@ -185,3 +185,13 @@ def test_cli_from_bad_file_exits_2(tmp_path):
     res = run_cli("env", "--from", str(bad))
     assert res.returncode == 2
     assert res.stderr.startswith("loradoctor: error:") and "Traceback" not in res.stderr
+
+
+def test_redact_short_host_name_keeps_other_words():
+    snap = {"system": {"hostname": "vm", "python_executable": "/root/.venv/bin/python"},
+            "nvidia": {"error": "could not check: NVML: NVML Shared Library Not Found (running in a vm)"}}
+    out = redact(snap)
+    assert out["system"]["hostname"] == "<host>"
+    assert out["nvidia"]["error"] == "could not check: NVML: NVML Shared Library Not Found (running in a <host>)"
+    assert out["system"]["python_executable"] == "/<home>/.venv/bin/python"
+    assert snap["system"]["hostname"] == "vm"  # a copy

@@ -436,11 +436,23 @@ _HOME = re.compile(r"(/home/|/Users/|C:\\\\Users\\\\|C:\\Users\\)[^/\\\s\"']+")
 
 def redact(snapshot: dict) -> dict:
     """A copy safe to paste publicly: GPU UUIDs, the host name and home-directory user names replaced."""
-    host = str(snapshot.get("system", {}).get("hostname") or "") if isinstance(snapshot.get("system"), dict) else ""
-    text = json.dumps(snapshot)
-    text = _UUID.sub(lambda m: f"{m.group(1)}-<redacted>", text)
-    text = _HOME.sub(lambda m: m.group(1) + "<user>", text)
-    text = text.replace("/root/", "/<home>/")
-    if host:
-        text = text.replace(json.dumps(host)[1:-1], "<host>")
-    return json.loads(text)
+    system = snapshot.get("system") if isinstance(snapshot.get("system"), dict) else {}
+    host = str(system.get("hostname") or "")
+    # Whole-word matches only: a short host name ("vm", "gpu") must not eat parts of other words ("nvml").
+    host_re = re.compile(r"(?<![\w.-])" + re.escape(host) + r"(?![\w-])") if host else None
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if not isinstance(value, str):
+            return value
+        text = _UUID.sub(lambda m: f"{m.group(1)}-<redacted>", value)
+        text = _HOME.sub(lambda m: m.group(1) + "<user>", text)
+        text = re.sub(r"(^|[\s'\"(=:])/root(?=/|$|[\s'\")])", r"\1/<home>", text)
+        if host_re is not None:
+            text = host_re.sub("<host>", text)
+        return text
+
+    return clean(snapshot)
