@@ -170,3 +170,28 @@ def test_env_on_an_interpreter_without_torch(tmp_path):
 def test_bad_python_option_exits_2(tmp_path):
     res = run_cli("env", "--python", str(tmp_path / "nope"))
     assert res.returncode == 2 and "not an executable interpreter" in res.stderr
+
+
+def _fake_dist(root: Path, dist: str, module: str, version: str, body: str) -> None:
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (root / module).mkdir()
+    (root / module / "__init__.py").write_text(body)
+
+
+def test_broken_extensions_become_findings(tmp_path):
+    _fake_dist(tmp_path, "bitsandbytes", "bitsandbytes", "0.45.0",
+               "from triton.ops.matmul_perf_model import early_config_prune\n")
+    # flash_attn itself imports, its compiled extension does not exist: the ABI-mismatch shape
+    _fake_dist(tmp_path, "flash-attn", "flash_attn", "2.6.3", "__version__ = '2.6.3'\n")
+    res = run_cli("env", "--format", "json", "--timeout", "60", env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    by_cause = {f["cause"]: f for f in doc["findings"]}
+    assert by_cause["env.bnb_broken"]["severity"] == "error"
+    assert "triton" in by_cause["env.bnb_broken"]["title"]
+    assert by_cause["env.flash_attn_broken"]["severity"] == "error"
+    assert "flash_attn_2_cuda" in by_cause["env.flash_attn_broken"]["title"]
+    assert doc["snapshot"]["packages"]["bitsandbytes"] == "0.45.0"
+    assert doc["snapshot"]["flash_attn"]["probe"]["status"] == "failed"
