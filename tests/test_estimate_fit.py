@@ -103,3 +103,18 @@ def test_pre_ampere_card_warns_and_skips_flash_attention_advice():
     assert not any("flash_attention_2" in c.option for c in result.advice)
     a100 = fit(est.inputs, est, gpu_by_name("A100 40GB"))
     assert a100.warnings == []
+
+
+def test_local_gpu_uses_the_nvidia_probe(monkeypatch):
+    from loradoctor.env.probes import nvidia
+    from loradoctor.estimate.inputs import gpu_budget
+
+    section = {"driver_version": "550.54.15", "gpus": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+         "memory_total_bytes": 85_520_809_984, "memory_free_bytes": 40 * 2**30}]}
+    monkeypatch.setattr(nvidia, "probe", lambda timeout_s: section)
+    gpu = gpu_budget("local", None)
+    assert gpu.memory_bytes == 40 * 2**30 and gpu.source == "local free memory" and gpu.flash_attn_ok
+    monkeypatch.setattr(nvidia, "probe", lambda timeout_s: {"error": "could not check: no driver"})
+    with pytest.raises(UserError):
+        gpu_budget("local:0", None)

@@ -116,7 +116,7 @@ def _estimate(**kw: Any) -> None:
 
 
 ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4); see loradoctor/data/gpus.yaml")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4; see loradoctor/data/gpus.yaml), or 'local[:INDEX]' for the free memory of a GPU here now")),
     ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory, e.g. 24GB or 22.5GiB")),
     ("what_if", ("--what-if",), dict(action=argparse.BooleanOptionalAction, default=True, help="search the largest batch / longest sequence and rank the fixes (default on)")),
     FORMAT_OPTION,

@@ -119,8 +119,30 @@ def gpu_budget(gpu: Optional[str], vram: Optional[str]):
 
     if gpu and vram:
         raise UserError("pass --gpu or --vram, not both")
+    if gpu and gpu.strip().lower().split(":")[0] == "local":
+        return local_gpu(gpu)
     if gpu:
         return gpu_by_name(gpu)
     if vram:
         return gpu_from_vram(vram)
     return None
+
+
+def local_gpu(spec: str = "local"):
+    """`--gpu local[:INDEX]`: the free memory of a GPU on this machine now (NVML, else nvidia-smi, via the env
+    probe; other processes' memory is already taken). UserError when none is visible."""
+    from loradoctor.estimate.fit import gpu_from_snapshot
+
+    _, _, index_text = spec.partition(":")
+    try:
+        index = int(index_text) if index_text.strip() else 0
+    except ValueError:
+        raise UserError(f"--gpu {spec}: the index after 'local:' must be a number") from None
+    from loradoctor.env.probes import nvidia
+
+    section = nvidia.probe(timeout_s=10.0)
+    gpu = gpu_from_snapshot({"nvidia": section}, index)
+    if gpu is None:
+        reason = section.get("error") if isinstance(section, dict) else None
+        raise UserError(f"--gpu {spec}: no local GPU visible ({reason or 'no GPU listed'}); pass --gpu NAME or --vram SIZE")
+    return gpu
