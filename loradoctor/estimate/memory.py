@@ -455,7 +455,6 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
         per_logit += a  # tanh(logits / cap) is saved for backward
     ce = int(per_logit * v * tokens)
     dq = dequant_buffer_bytes(inp)
-    lm_head_quantized = inp.quant != "none" and inp.framework == "litgpt" and not arch.tied
     if lm_head_quantized:
         ce += dq  # the lm_head is dequantized again for its backward while the logit gradients are alive
     # backward of one layer: its recomputed activations (checkpointing), gradients of the MLP intermediate
@@ -505,7 +504,6 @@ def estimate(inp: EstimateInputs) -> Estimate:
         trainable = arch.total_params()
         for fin, fout, copies in arch.linear_modules().values():
             matrices += [(fin, fout)] * (copies * arch.layers)
-        trainable_label = None  # the base weights are the trainable params
     else:
         trainable = lora_params(arch, inp.targets, inp.rank)
         mods = arch.linear_modules()
