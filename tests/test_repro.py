@@ -166,12 +166,48 @@ def test_missing_torch_is_a_skip_with_a_reason(tmp_path):
     # a stand-in package named torch that behaves like an absent one
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
-    result = run_repro("bf16", timeout_s=60, env={"PYTHONPATH": str(tmp_path)})
+    result = run_repro("gc-require-grad", timeout_s=60, env={"PYTHONPATH": str(tmp_path)})
     assert result.status == "SKIP" and "torch is not installed" in result.summary
 
 
 def test_broken_torch_is_a_fail(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("raise OSError('libcudnn.so.9: cannot open shared object file')\n")
-    result = run_repro("cuda-init", timeout_s=60, env={"PYTHONPATH": str(tmp_path)})
+    result = run_repro("fp16-overflow", timeout_s=60, env={"PYTHONPATH": str(tmp_path)})
     assert result.status == "FAIL" and any("libcudnn" in e for e in result.evidence)
+
+
+def test_from_reads_a_real_explain_document(tmp_path):
+    logs = sorted((ROOT / "fixtures" / "logs" / "gc-no-grad-fn").glob("pos-*"))
+    if not logs:
+        pytest.skip("the gc-no-grad-fn fixtures are not there")
+    out = run_cli("explain", str(logs[0]), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "explain.json"
+    path.write_text(out.stdout)
+    from loradoctor.cli.repro_cmd import ids_from_explain
+
+    ids = ids_from_explain(str(path))
+    assert ids and ids[0] == "gc-require-grad" and set(ids) <= set(REPRO_IDS)
+
+
+def test_text_view_shows_status_summary_and_evidence():
+    import io
+
+    from rich.console import Console
+
+    from loradoctor.render.repro_view import print_result, print_summary
+
+    buf = io.StringIO()
+    con = Console(file=buf, width=200, no_color=True)
+    fail = ReproResult("gc-require-grad", "FAIL", "reproduces the error", evidence=[f"line {i}" for i in range(20)],
+                       numbers={"arms": [1]}, duration_s=1.25)
+    ok = ReproResult("bf16", "PASS", "works", evidence=[f"ok {i}" for i in range(9)])
+    print_result(con, fail)
+    print_result(con, ok)
+    print_summary(con, [fail, ok])
+    text = buf.getvalue()
+    assert "FAIL  gc-require-grad  reproduces the error (1.2 s)" in text or "FAIL  gc-require-grad  reproduces the error (1.3 s)" in text
+    assert "line 15" in text and "line 16" not in text and "4 more lines" in text  # FAIL: up to 16 lines
+    assert "ok 3" in text and "ok 4" not in text  # PASS: quiet
+    assert "FAIL 2 repro(s): 1 PASS, 1 FAIL, 0 SKIP, 0 ERROR" in text

@@ -47,16 +47,26 @@ def test_all_exits_0_and_reports_every_repro(all_run):
     assert REPROS["gc-require-grad"].gpu == "no"
 
 
-def test_gc_require_grad_reproduces_the_error_and_the_fixes_work():
-    bad = run_repro("gc-require-grad", timeout_s=120, options={"use_reentrant": True, "input_require_grads": False})
-    assert bad.status == "FAIL"
-    assert "element 0 of tensors does not require grad and does not have a grad_fn" in bad.summary
-    arms = {(a["use_reentrant"], a["input_require_grads"]): a for a in bad.numbers["arms"]}
+def _from_all(all_run, repro_id):
+    return next(r for r in json.loads(all_run.stdout)["results"] if r["id"] == repro_id)
+
+
+def test_gc_require_grad_reproduces_the_error_and_the_fixes_work(all_run):
+    # the user's unfixed setup, through the CLI: FAIL and exit 1
+    out = run_cli("repro", "run", "gc-require-grad", "--opt", "use_reentrant=true", "--opt", "input_require_grads=false",
+                  "--format", "json")
+    assert out.returncode == 1, out.stderr
+    bad = json.loads(out.stdout)["results"][0]
+    assert bad["status"] == "FAIL"
+    assert "element 0 of tensors does not require grad and does not have a grad_fn" in bad["summary"]
+    arms = {(a["use_reentrant"], a["input_require_grads"]): a for a in bad["numbers"]["arms"]}
     assert arms[(True, False)]["error"] and arms[(True, False)]["adapters_with_grad"] == 0
     for fixed in ((True, True), (False, False), (False, True)):
         assert arms[fixed]["error"] is None and arms[fixed]["adapters_with_grad"] == arms[fixed]["adapters"] > 0
-    good = run_repro("gc-require-grad", timeout_s=120, options={"use_reentrant": "false", "input_require_grads": "false"})
-    assert good.status == "PASS" and good.numbers["reproduced_unfixed"] is True
+    # the default setup under test is the fix: PASS, with the unfixed error shown as evidence
+    good = _from_all(all_run, "gc-require-grad")
+    assert good["status"] == "PASS" and good["numbers"]["reproduced_unfixed"] is True
+    assert any("does not require grad" in e for e in good["evidence"])
 
 
 def test_fp16_overflow_on_cpu_tensors():
@@ -73,12 +83,13 @@ def test_fp16_overflow_on_cpu_tensors():
     assert small.status == "PASS" and small.numbers["overflow_expected"] is False
 
 
-def test_device_assert_logic_on_cpu():
+def test_device_assert_logic_on_cpu(all_run):
     bad = run_repro("device-assert", timeout_s=120, options={"vocab_size": 32000, "token_id": 32001, "device": "cpu"})
     assert bad.status == "FAIL" and "index out of range" in bad.summary and "resize_token_embeddings" in bad.summary
-    good = run_repro("device-assert", timeout_s=120, options={"device": "cpu"})
-    assert good.status == "PASS" and good.numbers["reproduced_unresized"] is True
-    assert "IndexError" in good.numbers["arms"]["unresized"]["error"]
+    good = _from_all(all_run, "device-assert") if not _cuda_available() else \
+        run_repro("device-assert", timeout_s=120, options={"device": "cpu"}).to_dict()
+    assert good["status"] == "PASS" and good["numbers"]["reproduced_unresized"] is True
+    assert "IndexError" in good["numbers"]["arms"]["unresized"]["error"]
 
 
 def test_gloo_allreduce_between_two_processes(all_run):
@@ -86,7 +97,7 @@ def test_gloo_allreduce_between_two_processes(all_run):
         result = run_repro("nccl-allreduce", timeout_s=90, options={"backend": "gloo"})
         numbers, status = result.numbers, result.status
     else:  # on a CPU machine --all already ran the gloo path: read it there
-        r = next(r for r in json.loads(all_run.stdout)["results"] if r["id"] == "nccl-allreduce")
+        r = _from_all(all_run, "nccl-allreduce")
         numbers, status = r["numbers"], r["status"]
     assert status == "PASS"
     assert numbers["backend"] == "gloo" and len(numbers["ranks"]) == 2
@@ -98,9 +109,3 @@ def test_nccl_without_two_gpus_is_a_skip():
         pytest.skip("describes a machine without GPUs")
     result = run_repro("nccl-allreduce", timeout_s=60, options={"backend": "nccl"})
     assert result.status == "SKIP" and "two GPUs" in result.summary
-
-
-def test_cli_text_output_and_exit_code_for_a_failing_setup():
-    out = run_cli("repro", "run", "gc-require-grad", "--opt", "input_require_grads=false")
-    assert out.returncode == 1
-    assert "FAIL" in out.stdout and "gc-require-grad" in out.stdout and "does not require grad" in out.stdout

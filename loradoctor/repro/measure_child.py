@@ -192,11 +192,14 @@ def build(torch, spec, device):
 
 
 def main():
+    on_cuda = SPEC.get("device", "cuda") == "cuda"  # "cpu" exercises the same code path in tests (no memory numbers)
+    nodes = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")  # NVIDIA, WSL2, ROCm
+    if on_cuda and sys.platform.startswith("linux") and not any(os.path.exists(p) for p in nodes):
+        finish("skip", "this machine has no GPU driver (no /dev/nvidiactl, /proc/driver/nvidia, /dev/dxg)")
     try:
         import torch
     except ModuleNotFoundError:
         finish("skip", f"torch is not installed for {sys.executable}")
-    on_cuda = SPEC.get("device", "cuda") == "cuda"  # "cpu" exercises the same code path in tests (no memory numbers)
     if on_cuda and (torch.version.cuda is None or not torch.cuda.is_available()):
         finish("skip", f"no CUDA GPU visible to torch {torch.__version__}")
     missing = []

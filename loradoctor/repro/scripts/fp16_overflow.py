@@ -68,6 +68,15 @@ def need_cuda(torch):
     return torch.device("cuda", 0)
 
 
+def need_gpu_driver():
+    """SKIP at once, before the slow torch import, on a Linux machine with no GPU driver at all."""
+    if not sys.platform.startswith("linux"):
+        return
+    nodes = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")  # NVIDIA, WSL2, ROCm
+    if not any(os.path.exists(p) for p in nodes):
+        emit("SKIP", "needs a CUDA GPU: this machine has no GPU driver (no /dev/nvidiactl, /proc/driver/nvidia, /dev/dxg)")
+
+
 def run_main(main):
     try:
         main()
