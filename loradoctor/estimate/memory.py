@@ -385,10 +385,13 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
         # tensors above account for, LoRA or not: modelled as retained linear inputs.
         keepers += 1
     parts["linear inputs"] = keepers * linear_inputs
-    # attention: q, k, v after RoPE, output and logsumexp in the compute dtype; sdpa/eager expand k/v to
-    # all heads first (repeat_kv); eager keeps the fp32 softmax and its half copy (s x s per head)
+    # attention: q, k, v after RoPE, output and logsumexp in the compute dtype. Eager attention expands k/v to
+    # all heads (repeat_kv) and keeps the fp32 softmax and its half copy (s x s per head). sdpa: litgpt and
+    # torchtune expand k/v; transformers (>= 4.48 on torch >= 2.5) passes enable_gqa when there is no padding
+    # mask, so unpadded batches keep k/v at their own size (padded batches repeat them: a few % more).
     eager = inp.attn == "eager" or (arch.attn_softcap > 0 and inp.framework == "litgpt")
-    kv_saved = qd if (inp.attn == "sdpa" or eager) else kvd
+    repeat_kv = eager or (inp.attn == "sdpa" and inp.framework != "hf")
+    kv_saved = qd if repeat_kv else kvd
     if eager:
         capped = a if arch.attn_softcap > 0 else 0  # the tanh soft-cap output
         parts["attention"] = a * (2 * qd + kv_saved) + arch.heads * s * (4 + a + capped)
