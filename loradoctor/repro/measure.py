@@ -130,7 +130,10 @@ def build_report(inputs: Any, est: Any, child: Optional[dict[str, Any]], steps: 
         "gpu": child.get("gpu"),
         "versions": child.get("versions"),
         "trainable_params": {"predicted": est.trainable_params, "measured": child.get("trainable_params")},
-        "notes": [n for n in [note] if n] + ([child["message"]] if child.get("message") else [])
+        "notes": [n for n in [note] if n]
+        + ([f"measured with transformers + peft; the prediction is for {inputs.framework}"]
+           if getattr(inputs, "framework", "hf") != "hf" else [])
+        + ([child["message"]] if child.get("message") else [])
         + [f"  {line}" for line in child.get("traceback", [])],
         "duration_s": child.get("duration_s"),
     }
