@@ -198,7 +198,13 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
     errs_sorted = sorted(errs)
     p90 = errs_sorted[min(len(errs_sorted) - 1, int(round(0.9 * (len(errs_sorted) - 1))))]
     ooms = [r for r in rows if "oom_hit" in r]
+    by_group: dict[str, list[float]] = {}
+    for r in rows:
+        if "error" in r:
+            group = r["id"].split("-")[0] + ("-qlora" if ("nf4" in r["id"] or "qlora" in r["id"]) else "")
+            by_group.setdefault(group, []).append(abs(r["error"]))
     return {
+        "median_abs_error_by_group": {g: statistics.median(v) for g, v in sorted(by_group.items())},
         "points": rows,
         "n_measured": len(errs),
         "median_abs_error": statistics.median(errs),
@@ -259,6 +265,7 @@ def main(argv: list[str]) -> int:
     print(f"measured points: {result['n_measured']}  median |error|: {result['median_abs_error']:.1%}  "
           f"p90 |error|: {result['p90_abs_error']:.1%}  mean signed error: {result['mean_signed_error']:+.1%}")
     print(f"OOM points: {result['oom_points']}, predicted as OOM: {result['oom_hits']}")
+    print("median |error| by group: " + ", ".join(f"{g} {e:.1%}" for g, e in result["median_abs_error_by_group"].items()))
     if "speed" in result:
         s = result["speed"]
         print(f"speed (min of runs): estimate {s['estimate_min_s']:.3f}s, bare python {s['bare_python_min_s']:.3f}s, "
