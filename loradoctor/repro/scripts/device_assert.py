@@ -114,7 +114,8 @@ def lookup_in_grandchild(rows, token_id, timeout_s):
                               env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"the lookup hung for {timeout_s:.0f} s", []
-    asserts = [line.strip() for line in proc.stderr.splitlines() if "Assertion" in line][:3]
+    # the kernel's assert is printed by the device (printf): on stdout or stderr depending on the driver
+    asserts = [line.strip() for line in (proc.stdout + "\n" + proc.stderr).splitlines() if "Assertion" in line][:3]
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             data = json.loads(line)

@@ -154,9 +154,11 @@ def measure_arm(torch, segments):
 def other_arm(segments, timeout_s):
     """The same pattern in a fresh child with expandable_segments flipped."""
     flipped = "False" if expandable_in(alloc_conf()) else "True"
+    # keep the user's other allocator settings (max_split_size_mb, ...): flip only expandable_segments
+    kept = [p.strip() for p in alloc_conf().split(",") if p.strip() and not p.strip().lower().startswith("expandable_segments")]
     env = dict(os.environ)
     env.pop("PYTORCH_ALLOC_CONF", None)
-    env["PYTORCH_CUDA_ALLOC_CONF"] = f"expandable_segments:{flipped}"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept + [f"expandable_segments:{flipped}"])
     try:
         proc = subprocess.run([sys.executable, __file__, json.dumps({"arm": "child", "segments": segments})],
                               capture_output=True, text=True, env=env, timeout=timeout_s)
