@@ -205,6 +205,10 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{label:<20}{gib(pred):>12}{gib(got) if got is not None else '-':>12}{err_text:>9}")
     low, high = report["band"]
     lines.append(f"{'predicted band':<20}{gib(low) + ' - ' + gib(high):>24}")
+    tp = report.get("trainable_params") or {}
+    if tp.get("measured") is not None:
+        same = "same" if tp["measured"] == tp["predicted"] else f"predicted {tp['predicted']:,}"
+        lines.append(f"trainable parameters: {tp['measured']:,} ({same})")
     if report["steps"]:
         times = ", ".join(f"{r['s']:.2f}" for r in report["steps"])
         lines.append(f"steps: {len(report['steps'])} of {report['requested_steps']} ({times} s; the first warms up)")
