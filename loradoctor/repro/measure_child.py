@@ -71,6 +71,10 @@ class NvmlSampler(threading.Thread):
     def stop(self):
         self._stop_event.set()
 
+    def reset_peak(self):
+        """Forget the peak so far: the model build (QLoRA quantizes from a half-precision copy) is not a training peak."""
+        self.peak_used_bytes, self.pid_peak_bytes = None, None
+
     def device_used_bytes(self):
         """This process's peak: NVML's per-process number, else the device's growth over the baseline."""
         if self.pid_peak_bytes:
@@ -86,6 +90,9 @@ class NullSampler:
     handle = None
 
     def stop(self):
+        pass
+
+    def reset_peak(self):
         pass
 
     def device_used_bytes(self):
@@ -261,6 +268,7 @@ def main():
         mem.synchronize()
         mem.empty_cache()
         mem.reset_peak_memory_stats()
+        sampler.reset_peak()
         before_alloc = mem.memory_allocated()
         say(f"model ready: {n_trainable:,} trainable of {n_total:,} parameters, "
             f"{before_alloc / 2**30:.2f} GiB allocated; training {SPEC['steps']} steps of {SPEC['batch']} x {SPEC['seq_len']}")
