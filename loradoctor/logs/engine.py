@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding, confidence_label
 from loradoctor.logs import reader
-from loradoctor.logs.facts import TRIGGER_LITERALS, FactCollector, Facts
+from loradoctor.logs.facts import METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
@@ -97,22 +97,23 @@ class Matcher:
                     acc |= targets[other]
             closed[key] = acc
         self.targets = closed
-        alternatives = []
-        for text, ci in sorted(keys, key=lambda k: -len(k[0])):
-            alternatives.append(f"(?i:{re.escape(text)})" if ci else re.escape(text))
-        self.line_re = re.compile("(?=(" + "|".join(alternatives) + "))") if alternatives else None
+        # per-line dispatch: plain substring tests are far cheaper than one big alternation
+        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci]
+        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci]
         literals = [Literal(t, ci) for t, ci in keys] + [Literal(t, ci) for t, ci in TRIGGER_LITERALS]
         self.prefilter = Prefilter(literals)
 
     def hits(self, text: str) -> set:
-        if self.line_re is None:
-            return set()
+        """(kind, rule index, j) targets whose literals occur in the line."""
         found: set = set()
-        get = self.targets.get
-        for m in self.line_re.finditer(text):
-            s = m.group(1)
-            found |= get((s, False), set())
-            found |= get((s.lower(), True), set())
+        for lit, tg in self._case:
+            if lit in text:
+                found |= tg
+        if self._nocase:
+            low = text.lower()
+            for lit, tg in self._nocase:
+                if lit in low:
+                    found |= tg
         return found
 
 
@@ -138,7 +139,8 @@ def _is_bar_bytes(raw: bytes) -> bool:
 
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
                 progress: Optional[Callable] = None) -> list[_RuleState]:
-    """One pass over every input: feed candidate lines to the collector and the rules."""
+    """One pass over every input: feed candidate lines to the collector and the rules, and
+    Trainer metric dicts (found by one regex over the raw block) to the collector's fast path."""
     matcher = Matcher(rules)
     states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
     oom_bar_done = False
@@ -146,12 +148,21 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         base = 0
         done = 0
         ends_with_newline = True
+        planned = False
         for block in reader.iter_blocks(item):
             done += len(block)
+            if not planned:
+                matcher.prefilter.plan(block[: 1 << 20])  # needles that are rare in this input
+                planned = True
             segments = matcher.prefilter.candidates(block)
+            records = METRIC_DICT_RE.finditer(block) if b"{'loss'" in block or b'"loss"' in block else iter(())
+            record = next(records, None)
             pos = 0
             count = 0
             for seg in segments:
+                while record is not None and record.start() < seg.start:
+                    _feed_record(collector, record, block, base, item)
+                    record = next(records, None)
                 count += block.count(b"\n", pos, seg.line_start)
                 pos = seg.line_start
                 raw = block[seg.start:seg.end]
@@ -167,12 +178,31 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         collector.set_progress(*bar)
                 collector.feed(line)
                 _match_line(line, matcher, rules, states)
+            while record is not None:
+                _feed_record(collector, record, block, base, item)
+                record = next(records, None)
             base += count + block.count(b"\n", pos)
             ends_with_newline = block.endswith(b"\n")
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
     return states
+
+
+def _feed_record(collector: FactCollector, m: "re.Match[bytes]", block: bytes, base: int, item: reader.Input) -> None:
+    start = m.start()
+
+    def line_at() -> reader.Line:
+        line_start = block.rfind(b"\n", 0, start) + 1
+        lineno = base + block.count(b"\n", 0, line_start) + 1
+        end = block.find(b"\n", start)
+        return reader.make_line(block[start:end if end >= 0 else len(block)], item.path, lineno, item.rank,
+                                input_index=item.index)
+
+    if m.group(1) is not None:
+        collector.feed_dict_record(m.group(1), m.group(2), line_at)
+    else:
+        collector.feed_json_record(m.group(3), line_at)
 
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> None:
@@ -462,7 +492,7 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     started = time.perf_counter()
     rules = load_rules(extra_rule_dirs) if rules is None else rules
     inputs = reader.resolve_inputs(list(paths))
-    collector = FactCollector()
+    collector = FactCollector(block_metrics=True)
     states = scan_inputs(inputs, rules, collector, progress)
     facts = collector.finish()
     values = facts.values

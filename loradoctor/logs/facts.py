@@ -17,7 +17,7 @@ import re
 import signal as _signal
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence
 from loradoctor.units import MAX_PLAUSIBLE_BYTES, parse_size
@@ -28,7 +28,9 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("Tried to allocate", False),
     ("memory summary", False), ("CUDA OOMs", False), ("Allocated memory", False),
     ("GPU reserved memory", False), ("Non-releasable memory", False),
-    ("loss", False), ("train_runtime", False), ("trainable params", False),
+    # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
+    ("loss=", False), ("loss:", False), ("eval_loss", False), ("train_runtime", False), ("trainable params", False),
+    ("mem=", False), ("memory/", False),
     ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False),
     ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
     ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
@@ -37,7 +39,7 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("NCCL", False), ("nccl", False), ("unhandled system error", False),
     ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
     ("return code", True), ("SIGKILL", False), ("Code 43", False),
-    ("error", False), ("ERROR", False), ("FAIL", False), ("fatal", True), ("Segmentation fault", False),
+    ("ERROR", False), ("FAIL", False), ("Fatal", False), ("FATAL", False), ("Segmentation fault", False),
     ("Aborted", False), ("core dumped", False),
 )
 
@@ -242,6 +244,12 @@ _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|in
 _METRIC_RE = re.compile(
     r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
     + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
+# A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
+# or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
+METRIC_DICT_RE = re.compile(rb"\{'loss': ([^,}\r\n]{1,40})((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}"
+                            rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
+_JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*(-?[0-9][0-9.eE+-]*|-?Infinity|NaN)')
+_DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
 _UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
 
 
@@ -568,7 +576,9 @@ class Facts:
 class FactCollector:
     """Feed normalised lines (in input order) with `feed`; `finish` returns the Facts."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_metrics: bool = False) -> None:
+        # block_metrics: the engine feeds `{'loss': ...}` dicts through feed_dict_record itself
+        self.block_metrics = block_metrics
         self.values: dict[str, Any] = {}
         self.groups: dict[str, list[Evidence]] = {}
         self.first_seen: dict[str, tuple] = {}
@@ -645,7 +655,8 @@ class FactCollector:
         if self._cf_lines is not None:
             self._cf_feed(line)
         if "loss" in text or "train_runtime" in text or "mem" in text:
-            if "{" in text or "=" in text or ":" in text:
+            if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
+                    and ("{" in text or "=" in text or ":" in text):
                 self._metrics(line)
         if "ut of memory" in text or "UT OF MEMORY" in text:
             self._oom(line)
@@ -767,29 +778,62 @@ class FactCollector:
 
     def _metrics(self, line: Any) -> None:
         record = parse_metric_record(line.text)
-        if not record:
+        if record:
+            self._record(record, lambda: line)
+
+    def feed_dict_record(self, loss_text: bytes, rest: bytes, line_at: Callable[[], Any]) -> None:
+        """Fast path for the engine: a Trainer dict `{'loss': <loss_text><rest>}` found in a raw
+        block; `line_at()` builds its Line only when evidence needs it."""
+        try:
+            loss = float(loss_text)
+        except ValueError:
             return
+        record: dict[str, Any] = {"loss": loss}
+        if rest:
+            for key, value in _DICT_PAIR_RE.findall(rest):
+                try:
+                    parsed = float(value)
+                except ValueError:
+                    parsed = None
+                if parsed is not None:
+                    record[key.decode("utf-8", "replace")] = parsed
+        self._record(record, line_at)
+
+    def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
+        """Fast path for a JSON record with a "loss" key (the text between the braces)."""
+        record: dict[str, Any] = {}
+        for key, value in _JSON_PAIR_RE.findall(body):
+            try:
+                record[key.decode("utf-8", "replace")] = float(value)
+            except ValueError:
+                continue
+        if record:
+            self._record(record, line_at)
+
+    def _record(self, record: dict[str, Any], line_at: Callable[[], Any]) -> None:
+        """Aggregate one metric record (the streaming facts of docs/facts.md `metrics.*`)."""
         if "train_runtime" in record:
             self._finished = True
-            self._evidence("metrics", line)
+            self._evidence("metrics", line_at())
         if "eval_loss" in record and isinstance(record["eval_loss"], float):
             self._eval_last = record["eval_loss"]
-        self._memory_metric(record)
-        if "loss" not in record or not isinstance(record["loss"], float):
+        if self._mem_key is not None or any("mem" in k for k in record):
+            self._memory_metric(record)
+        loss = record.get("loss")
+        if not isinstance(loss, float):
             return
         self._records += 1
         index = self._records
-        loss = record["loss"]
         gn = record.get("grad_norm")
         lr = record.get("learning_rate", record.get("lr"))
-        finite = math.isfinite(loss)
-        gn_finite = not isinstance(gn, float) or math.isfinite(gn)
+        finite = loss - loss == 0  # false for nan and +-inf
+        gn_finite = not isinstance(gn, float) or gn - gn == 0
         if index == 1:
-            self._evidence("metrics", line)
+            self._evidence("metrics", line_at())
         if (not finite or not gn_finite) and self._first_nonfinite is None:
             self._first_nonfinite = index
             self._finite_before_nan = self._records - 1 - self._loss_nan
-            self._evidence("metrics", line)
+            self._evidence("metrics", line_at())
         if finite:
             self.loss_series.add(index, loss)
             if self._loss_first is None:
@@ -808,25 +852,26 @@ class FactCollector:
                 self._flat_run += 1
             else:
                 self._flat_run = 1
-            self._flat_best = max(self._flat_best, self._flat_run)
+            if self._flat_run > self._flat_best:
+                self._flat_best = self._flat_run
             self._prev_loss = loss
         else:
             self._loss_nan += 1
             self._flat_run = 0
             self._prev_loss = None
         if isinstance(gn, float):
-            if math.isfinite(gn):
+            if gn - gn == 0:
                 if self._gn_first is None:
                     self._gn_first = gn
                 if self._gn_max is None or gn > self._gn_max:
                     self._gn_max = gn
             else:
                 self._gn_nan += 1
-        if isinstance(lr, float) and math.isfinite(lr):
+        if isinstance(lr, float) and lr - lr == 0:
             self._lr_last = lr
             if self._lr_max is None or lr > self._lr_max:
                 self._lr_max = lr
-        self._last_metrics_line = line
+        self._last_metrics_line = line_at
 
     def _memory_metric(self, record: dict) -> None:
         if self._mem_key is None:
@@ -986,7 +1031,7 @@ class FactCollector:
                 v["metrics.lr_last"] = self._lr_last
             last = getattr(self, "_last_metrics_line", None)
             if last is not None:
-                self._evidence("metrics", last)
+                self._evidence("metrics", last())
         if self._eval_last is not None:
             v["metrics.eval_loss_last"] = self._eval_last
         if self._finished:

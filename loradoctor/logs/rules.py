@@ -533,7 +533,8 @@ def _compile_regex(pattern: str):
 
 
 def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> tuple[list, list[str]]:
-    """Prefilter literals for a list of regexes, and the problems found."""
+    """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
+    matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
     if explicit:
         return [(lit, True) for lit in explicit], []
     literals: list[tuple[str, bool]] = []
@@ -604,9 +605,10 @@ def _load_file(path: Path) -> tuple[list[Rule], list[str]]:
     """Rules of one YAML file and its problems, each problem a full one-line message."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -2,16 +2,16 @@
 
 A training log is mostly progress-bar redraws and metric dicts; the lines a diagnosis needs are
 rare. The engine gives this module every literal that any rule or extractor cares about. Each
-literal gets an *anchor*: its rarest byte in typical logs (an upper-case letter, a bracket, ...).
-Per block, `bytes.find` (memchr speed) walks the occurrences of each anchor byte; around each one
-the enclosing segment (between `\\n` / `\\r`) is checked with one compiled alternation of all
-literals. Only segments that contain a literal are decoded and normalised. An anchor byte that turns
-out to be frequent in a block falls back to a regex search over that block for its literals.
-"""
+literal gets an *anchor*: its rarest byte in this input (sampled from its first block). One
+`bytes.translate` turns every anchor byte of a block into NUL, then `bytes.find` (memchr) walks the
+NULs; around each one the enclosing segment (between `\n` / `\r`) is checked with one compiled
+alternation of all literals. Only segments that contain a literal are decoded and normalised.
+Literals made only of bytes that are common in the input are searched whole, one by one."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
@@ -39,7 +39,8 @@ for _c in "{}()=-\"\t+":
 for _c in "\n\r":
     _FREQ[ord(_c)] = 1000  # never an anchor
 
-FREQUENT_ANCHOR_HITS = 4096  # more hits than this per block: use the regex fallback for the anchor
+SAMPLE_BYTES = 256 << 10  # how much of an input's start sets the byte frequencies
+COMMON_BYTE_SHARE = 1 / 4096  # a literal whose rarest byte is this common is searched on its own
 
 
 @dataclass(frozen=True)
@@ -84,72 +85,124 @@ class Prefilter:
             pat = re.escape(data)
             alternatives.append(b"(?i:" + pat + b")" if ci else pat)
         self.regex: Optional[re.Pattern] = re.compile(b"|".join(alternatives)) if alternatives else None
-        # anchors: byte -> literals anchored on it
-        self._anchors: dict[int, list[bytes]] = {}
-        for data, ci in kept:
-            best = min(range(len(data)), key=lambda i: (_FREQ[data[i]], -i))
-            byte = data[best]
-            bytes_to_walk = {byte}
-            if ci and chr(byte).isalpha():
-                bytes_to_walk = {ord(chr(byte).lower()), ord(chr(byte).upper())}
-            for b in bytes_to_walk:
-                self._anchors.setdefault(b, []).append(data)
-        self._anchor_fallback: dict[int, re.Pattern] = {}
-        for b, datas in self._anchors.items():
-            alts = []
-            for data in datas:
-                ci = (data, True) in set(kept)
-                pat = re.escape(data)
-                alts.append(b"(?i:" + pat + b")" if ci else pat)
-            self._anchor_fallback[b] = re.compile(b"|".join(alts))
+        self.plan(b"")
+
+    def plan(self, sample: bytes) -> None:
+        """Choose, for each literal, its rarest byte in `sample` (the start of the input; a
+        built-in guess of byte frequencies when empty). All chosen bytes are found in ONE pass:
+        the block is translated so that exactly those bytes become NUL, then memchr walks the
+        NULs. A literal whose every byte is common in this input is searched on its own instead
+        (bytes.find of the whole literal, on a lower-cased copy when it ignores case)."""
+        sample = sample[:SAMPLE_BYTES]
+        singles = Counter(sample) if sample else None
+
+        def freq(b: int) -> float:
+            if singles is None:
+                return _FREQ[b] / 1000.0
+            return singles[b] / max(1, len(sample))
+
+        anchor_bytes: set[int] = set()
+        by_byte: dict[int, list[tuple[bytes, bool]]] = {}
+        self._alone_cs: list[bytes] = []
+        self._alone_ci: list[bytes] = []
+        for data, ci in self._kept:
+            def weight(b: int) -> float:
+                c = chr(b)
+                if ci and c.isalpha():
+                    return freq(ord(c.lower())) + freq(ord(c.upper()))
+                return freq(b)
+
+            best = min(data, key=weight)
+            if weight(best) > COMMON_BYTE_SHARE and len(data) >= 3:
+                (self._alone_ci if ci else self._alone_cs).append(data)
+                continue
+            c = chr(best)
+            for b in ({ord(c.lower()), ord(c.upper())} if ci and c.isalpha() else {best}):
+                anchor_bytes.add(b)
+                by_byte.setdefault(b, []).append((data, ci))
+        anchor_bytes.discard(0)
+        self._by_byte = by_byte
+        table = bytearray(range(256))
+        table[0] = 1  # a NUL in the input must not look like a hit
+        for b in anchor_bytes:
+            table[b] = 0
+        self._table = bytes(table) if anchor_bytes else None
+        self.anchor_bytes = bytes(sorted(anchor_bytes))
+
+    @property
+    def needles(self) -> list[bytes]:
+        return [bytes((b,)) for b in self.anchor_bytes] + self._alone_cs + self._alone_ci
 
     def candidates(self, block: bytes) -> list[Segment]:
         """Segments of `block` that contain a literal, in order, without duplicates."""
         if self.regex is None:
             return []
         found: dict[int, Segment] = {}
-        verify = self.regex.search
-        find = block.find
-        rfind = block.rfind
         size = len(block)
-        for byte, _datas in self._anchors.items():
-            needle = bytes((byte,))
-            pos = find(needle)
-            hits = 0
+        if self._table is not None:
+            mapped = block.translate(self._table)
+            find = mapped.find
+            by_byte = self._by_byte
+            pos = find(b"\0")
             while pos != -1:
-                hits += 1
-                if hits > FREQUENT_ANCHOR_HITS:
-                    # frequent anchor: let the regex walk the rest of the block for its literals
-                    for m in self._anchor_fallback[byte].finditer(block, pos):
-                        self._add(block, m.start(), found, verify)
-                    break
-                seg = self._add(block, pos, found, verify)
-                pos = find(needle, seg if seg > pos else pos + 1) if seg < size else -1
+                seg = _segment(block, pos)
+                if seg.start not in found:
+                    # check the literals anchored on each anchor byte present in the segment
+                    text = block[seg.start:seg.end]
+                    low = None
+                    q = pos
+                    seen: set[int] = set()
+                    hit = False
+                    while q != -1 and not hit:
+                        b = block[q]
+                        if b not in seen:
+                            seen.add(b)
+                            for lit, ci in by_byte[b]:
+                                if ci:
+                                    if low is None:
+                                        low = text.lower()
+                                    if lit in low:
+                                        hit = True
+                                        break
+                                elif lit in text:
+                                    hit = True
+                                    break
+                        q = find(b"\0", q + 1, seg.end)
+                    if hit:
+                        found[seg.start] = seg
+                pos = find(b"\0", seg.end) if seg.end < size else -1
+        walks = [(block, lit) for lit in self._alone_cs]
+        if self._alone_ci:
+            low_block = block.lower()
+            walks += [(low_block, lit) for lit in self._alone_ci]
+        for haystack, needle in walks:
+            find = haystack.find
+            pos = find(needle)
+            while pos != -1:
+                seg = _segment(block, pos)
+                found.setdefault(seg.start, seg)
+                pos = find(needle, seg.end) if seg.end < size else -1
         return [found[k] for k in sorted(found)]
-
-    @staticmethod
-    def _add(block: bytes, pos: int, found: dict, verify) -> int:
-        """Register the segment around pos if it holds a literal; return the segment end."""
-        line_start = block.rfind(b"\n", 0, pos) + 1
-        cr = block.rfind(b"\r", line_start, pos)
-        start = cr + 1 if cr >= 0 else line_start
-        line_end = block.find(b"\n", pos)
-        if line_end < 0:
-            line_end = len(block)
-        end = block.find(b"\r", pos, line_end)
-        if end < 0:
-            end = line_end
-        if start in found:
-            return end
-        if verify(block, start, end) is not None:
-            found[start] = Segment(line_start, start, end, line_end)
-        return end
 
     def matched(self, segment: bytes) -> set[bytes]:
         """The (kept) literals present in a segment, lower-cased for case-insensitive ones."""
         if self.regex is None:
             return set()
         return {m.group(0) for m in self.regex.finditer(segment)}
+
+
+def _segment(block: bytes, pos: int) -> Segment:
+    """The `\r`/`\n`-delimited segment around pos, and its physical line."""
+    line_start = block.rfind(b"\n", 0, pos) + 1
+    cr = block.rfind(b"\r", line_start, pos)
+    start = cr + 1 if cr >= 0 else line_start
+    line_end = block.find(b"\n", pos)
+    if line_end < 0:
+        line_end = len(block)
+    end = block.find(b"\r", pos, line_end)
+    if end < 0:
+        end = line_end
+    return Segment(line_start, start, end, line_end)
 
 
 def is_last_segment(block: bytes, seg: Segment) -> bool:
