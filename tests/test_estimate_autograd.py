@@ -129,3 +129,65 @@ def test_lora_layer_saved_tensors_match_the_model(targets, attn):
 def test_full_finetune_layer_keeps_linear_inputs():
     measured = saved_bytes_per_token((), "sdpa", full=True)
     assert modelled((), "sdpa", full=True) == pytest.approx(measured, rel=0.08)
+
+
+class _KeepInputMatmul(torch.autograd.Function):
+    """What bitsandbytes' MatMul4Bit does with memory: computes with a (dequantized) weight and keeps its
+    input A for backward whether or not anything needs the weight's gradient."""
+
+    kept: dict = {}  # storages kept on ctx (saved_tensors_hooks do not see ctx attributes)
+
+    @staticmethod
+    def forward(ctx, a, weight):
+        ctx.tensors = (a, weight)
+        _KeepInputMatmul.kept[a.untyped_storage().data_ptr()] = a.untyped_storage().nbytes()
+        return F.linear(a, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, weight = ctx.tensors
+        return grad @ weight, None
+
+
+class FakeLinear4bit(nn.Module):
+    """bitsandbytes Linear4bit's dtype handling: cast x to the compute dtype, matmul, cast back to x's dtype."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.weight = nn.Parameter(base.weight.data.to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        inp_dtype = x.dtype
+        return _KeepInputMatmul.apply(x.to(torch.bfloat16), self.weight).to(inp_dtype)
+
+
+def test_qlora_layer_with_fp32_upcast_matches_the_model():
+    # prepare_model_for_kbit_training: norms (and embeddings, so the layer input) in fp32; 4-bit linears
+    # return their output in the input's dtype
+    layer = Layer(("q_proj", "v_proj"))
+    for lin in (layer.q, layer.k, layer.v, layer.o, layer.g, layer.u, layer.d):
+        lin.base = FakeLinear4bit(lin.base)
+    for name, p in layer.named_parameters():
+        p.requires_grad_(".A." in name or ".B." in name)
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+
+    x = torch.randn(B, S, H, dtype=torch.float32, requires_grad=True) * 1
+    pos = torch.arange(S, dtype=torch.float32)[:, None] * torch.ones(HD)[None]
+    cos, sin = pos.cos()[None, None], pos.sin()[None, None]
+    _KeepInputMatmul.kept.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x, cos, sin, "sdpa")  # keep the graph (and what it holds) alive while counting
+    seen.update(_KeepInputMatmul.kept)
+    measured = (sum(seen.values()) - 2 * cos.numel() * 4) / (B * S)
+    del out
+    arch = Arch(name="toy", hidden=H, intermediate=I, layers=1, heads=NH, kv_heads=KV, vocab=1000)
+    inp = EstimateInputs(arch=arch, method="qlora", targets=("q_proj", "v_proj"), rank=8, dropout=0.0, seq_len=S)
+    assert sum(layer_activation_parts(validate(inp)).values()) == pytest.approx(measured, rel=0.08)
