@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+
 from pathlib import Path
 from typing import Any, Optional
 
