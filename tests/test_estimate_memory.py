@@ -90,7 +90,7 @@ def test_activations_scale_with_tokens_and_shrink_with_checkpointing():
 
 def test_per_layer_parts_hand_computed():
     # Llama-2-7B, sdpa, bf16 autocast, LoRA q,v with dropout 0.05 on fp32 adapters; bytes per token
-    parts = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, targets=("q_proj", "v_proj"), rank=8)))
+    parts = layer_activation_parts(validate(EstimateInputs(arch=LLAMA2, targets=("q_proj", "v_proj"), rank=8, dropout=0.05)))
     h, i = 4096, 11008
     assert parts["norms"] == 2 * 4 * h  # two RMSNorms, each keeping an fp32 copy
     assert parts["linear inputs"] == 0  # frozen nn.Linear keeps no input (autograd guards the save)

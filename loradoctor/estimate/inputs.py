@@ -18,9 +18,9 @@ DEFAULTS: dict[str, Any] = {
     "method": "lora",
     "quant": "none",
     "double_quant": False,
-    "rank": 16,
-    "alpha": None,  # 2 x rank
-    "dropout": 0.05,
+    "rank": 8,  # LoraConfig defaults: r=8, lora_alpha=8, lora_dropout=0.0
+    "alpha": 8,
+    "dropout": 0.0,
     "targets": ["q_proj", "v_proj"],  # PEFT's default for Llama-family models
     "modules_to_save": [],
     "batch": 1,
@@ -72,10 +72,7 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
     if quant in ("int8", "8-bit", "llm.int8"):
         quant = "8bit"
     rank = int(values["rank"])
-    alpha = values.get("alpha")
-    if alpha is None:
-        alpha = 2 * rank
-        source["alpha"] = "default (2 x rank)"
+    alpha = values.get("alpha") if values.get("alpha") is not None else rank
     try:
         inputs = EstimateInputs(
             arch=arch,

@@ -65,9 +65,9 @@ class EstimateInputs:
     method: str = "lora"
     quant: str = "none"
     double_quant: bool = False
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+    rank: int = 8  # PEFT LoraConfig defaults
+    alpha: int = 8
+    dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "v_proj")
     modules_to_save: tuple[str, ...] = ()
     batch: int = 1
