@@ -112,6 +112,8 @@ def inputs_for(point: dict[str, Any]) -> EstimateInputs:
         optim = "paged_adamw_8bit" if "paged" in opt_text else "adamw_8bit"
     elif "paged" in opt_text:
         optim = "paged_adamw_32bit"
+    elif framework == "torchtune":
+        optim = "adamw_torch_fused"  # torchtune's recipe configs set `fused: True` on torch.optim.AdamW
     else:
         optim = "adamw_torch"
     q_text = str(point.get("quantization") or "none").lower()
