@@ -164,3 +164,13 @@ def test_bad_inputs_are_user_errors(kwargs, fragment):
 def test_phi3_fused_names_expand():
     phi3 = resolve_arch("microsoft/Phi-3-mini-4k-instruct")
     assert resolve_targets(phi3, ("qkv_proj", "gate_up_proj")) == ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+
+
+def test_phi3_fused_modules_share_one_lora_a():
+    phi3 = resolve_arch("microsoft/Phi-3-mini-4k-instruct")
+    targets = resolve_targets(phi3, ("all-linear",))
+    # per layer: qkv_proj 3072 -> 9216, o_proj 3072 -> 3072, gate_up_proj 3072 -> 16384, down_proj 8192 -> 3072
+    assert lora_params(phi3, targets, 8) == 32 * 8 * ((3072 + 9216) + (3072 + 3072) + (3072 + 16384) + (8192 + 3072))
+    with pytest.raises(UserError) as exc:
+        resolve_targets(phi3, ("q_proj",))
+    assert "qkv_proj" in str(exc.value)

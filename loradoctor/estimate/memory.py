@@ -131,6 +131,13 @@ def resolve_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[str, ...]:
             names: tuple[str, ...] = tuple(m for m in CANONICAL_MODULES if m in known)
         else:
             names = normalize_module(t)
+            fused_part = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} & set(names)
+            if arch.fused and len(names) == 1 and fused_part:
+                raise UserError(
+                    f"target module {t!r} not found in {arch.name}: it fuses q/k/v into qkv_proj and gate/up into "
+                    f"gate_up_proj (PEFT would raise 'Target modules ... not found'); target qkv_proj, gate_up_proj, "
+                    f"o_proj, down_proj or all-linear"
+                )
         for n in names:
             if n == "lm_head" or n in known:
                 if n not in out:
@@ -213,17 +220,32 @@ def trainable_bytes(inp: EstimateInputs) -> float:
 
 # --- parameters ----------------------------------------------------------------------------------
 
-def lora_params(arch: Arch, targets: tuple[str, ...], rank: int) -> int:
-    """r * (in + out) for every targeted linear (experts included), over all layers, plus lm_head if targeted."""
+def lora_modules(arch: Arch, targets: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
+    """The LoRA-wrapped Linear layers: (name, in_features, out_features, copies in the model). On fused
+    architectures (Phi-3) q/k/v are one qkv_proj and gate/up one gate_up_proj: one A matrix for the group."""
     mods = arch.linear_modules()
-    n = 0
+    out: list[tuple[str, int, int, int]] = []
+    groups = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))) if arch.fused else ()
+    grouped: set[str] = set()
+    for name, members in groups:
+        if all(m in targets for m in members):
+            fin = mods[members[0]][0]
+            out.append((name, fin, sum(mods[m][1] for m in members), arch.layers * mods[members[0]][2]))
+            grouped.update(members)
     for t in targets:
-        if t == "lm_head":
-            n += rank * (arch.hidden + arch.vocab)
+        if t in grouped:
             continue
-        fin, fout, copies = mods[t]
-        n += arch.layers * copies * rank * (fin + fout)
-    return n
+        if t == "lm_head":
+            out.append(("lm_head", arch.hidden, arch.vocab, 1))
+        else:
+            fin, fout, copies = mods[t]
+            out.append((t, fin, fout, arch.layers * copies))
+    return out
+
+
+def lora_params(arch: Arch, targets: tuple[str, ...], rank: int) -> int:
+    """r * (in + out) for every LoRA-wrapped linear (experts included), over all layers, plus lm_head if targeted."""
+    return sum(copies * rank * (fin + fout) for _, fin, fout, copies in lora_modules(arch, targets))
 
 
 def modules_to_save_params(arch: Arch, names: tuple[str, ...]) -> int:
@@ -413,10 +435,11 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
                 fin = h if g == "qkv" else mods[g][0]
                 lora += _lora_saved_per_input(inp, fin)
         else:
-            for t in layer_targets:
-                fin = mods[t][0]
-                mult = k_active if (arch.experts and t in ("gate_proj", "up_proj", "down_proj")) else 1
-                lora += mult * _lora_saved_per_input(inp, fin)
+            layer_mods = [m for m in lora_modules(arch, tuple(layer_targets))]
+            for name, fin, _, _ in layer_mods:
+                mult = k_active if (arch.experts and name in ("gate_proj", "up_proj", "down_proj")) else 1
+                lora += mult * (_lora_saved_per_input(inp, fin) + a * inp.rank)
+            layer_targets = []  # counted above, with the rank-r intermediate
         lora += sum(a * inp.rank for _ in layer_targets)
     parts["lora"] = lora
     return parts
@@ -509,10 +532,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
             matrices += [(fin, fout)] * (copies * arch.layers)
     else:
         trainable = lora_params(arch, inp.targets, inp.rank)
-        mods = arch.linear_modules()
-        for t in inp.targets:
-            fin, fout = (arch.hidden, arch.vocab) if t == "lm_head" else mods[t][:2]
-            copies = 1 if t == "lm_head" else mods[t][2] * arch.layers
+        for _, fin, fout, copies in lora_modules(arch, inp.targets):
             matrices += [(inp.rank, fin), (fout, inp.rank)] * copies
         comps["LoRA parameters"] = int(trainable * tb)
         mts = modules_to_save_params(arch, inp.modules_to_save)
