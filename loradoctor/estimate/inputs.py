@@ -64,6 +64,8 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
     if not model:
         raise UserError("no model: pass --model ID|PATH or a --config that names one (base_model / model_name_or_path)")
     arch = resolve_arch(str(model))
+    if source.get("targets") == "default" and arch.fused:
+        values["targets"] = ["qkv_proj"]  # PEFT's default for fused-attention models (Phi-3)
     source["model"] = source.get("model", "default") + f" -> {arch.source}"
     method = str(values["method"]).lower()
     quant = str(values.get("quant") or "none").lower()
