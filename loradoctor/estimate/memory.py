@@ -131,13 +131,6 @@ def resolve_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[str, ...]:
             names: tuple[str, ...] = tuple(m for m in CANONICAL_MODULES if m in known)
         else:
             names = normalize_module(t)
-            fused_part = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} & set(names)
-            if arch.fused and len(names) == 1 and fused_part:
-                raise UserError(
-                    f"target module {t!r} not found in {arch.name}: it fuses q/k/v into qkv_proj and gate/up into "
-                    f"gate_up_proj (PEFT would raise 'Target modules ... not found'); target qkv_proj, gate_up_proj, "
-                    f"o_proj, down_proj or all-linear"
-                )
         for n in names:
             if n == "lm_head" or n in known:
                 if n not in out:
@@ -146,6 +139,15 @@ def resolve_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[str, ...]:
                 raise UserError(
                     f"target module {t!r} not found in {arch.name} (PEFT would raise 'Target modules ... not found'); "
                     f"linear modules here: {', '.join(sorted(known))}, lm_head, or all-linear"
+                )
+    if arch.fused:
+        for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            present = [g for g in group if g in out]
+            if present and len(present) != len(group):
+                raise UserError(
+                    f"target module {present[0]!r} not found in {arch.name}: it fuses q/k/v into qkv_proj and gate/up "
+                    f"into gate_up_proj (PEFT would raise 'Target modules ... not found'); target qkv_proj, "
+                    f"gate_up_proj, o_proj, down_proj or all-linear"
                 )
     return tuple(out)
 
