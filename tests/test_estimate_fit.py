@@ -118,3 +118,11 @@ def test_local_gpu_uses_the_nvidia_probe(monkeypatch):
     monkeypatch.setattr(nvidia, "probe", lambda timeout_s: {"error": "could not check: no driver"})
     with pytest.raises(UserError):
         gpu_budget("local:0", None)
+
+
+def test_snapshot_gpu_by_uuid():
+    snap = {"nvidia": {"gpus": [
+        {"index": 0, "uuid": "GPU-aaaa-1111", "name": "NVIDIA L4", "memory_free_bytes": 20 * 2**30},
+        {"index": 1, "uuid": "GPU-bbbb-2222", "name": "NVIDIA L4", "memory_free_bytes": 3 * 2**30}]}}
+    assert gpu_from_snapshot(snap, "GPU-bbbb").memory_bytes == 3 * 2**30
+    assert gpu_from_snapshot(snap, 0).memory_bytes == 20 * 2**30

@@ -138,15 +138,20 @@ def _requested_features(inputs: Any) -> list[str]:
     return feats
 
 
-def _gpu_index(explicit: Optional[int]) -> int:
-    """The GPU the run will use: --gpu-index, else the first of CUDA_VISIBLE_DEVICES when it is a number."""
+def _gpu_index(explicit: Optional[int]) -> "int | str":
+    """The GPU the run will use: --gpu-index, else the first of CUDA_VISIBLE_DEVICES (an NVML index or a
+    GPU UUID), else 0."""
     if explicit is not None:
         return explicit
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
+    if first.isdigit():
+        return int(first)
+    if first.startswith(("GPU-", "MIG-")):
+        return first
+    return 0
 
 
-def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: int, gpu_override: Any = None) -> dict[str, Any]:
+def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str", gpu_override: Any = None) -> dict[str, Any]:
     """Pure core of preflight: env findings + the estimate against the free memory of the GPU in the snapshot.
     Returns {go, reason, first_fix, findings, estimate, fit}."""
     from loradoctor.env.checks import run_checks

@@ -137,13 +137,17 @@ def gpu_from_vram(text: str) -> Gpu:
     return Gpu(name=f"{text.strip()} card", memory_bytes=size, source="vram")
 
 
-def gpu_from_snapshot(snapshot: dict[str, Any], index: int = 0) -> Optional[Gpu]:
-    """The free memory of GPU `index` in an env snapshot (other processes already subtracted), or None."""
+def gpu_from_snapshot(snapshot: dict[str, Any], index: "int | str" = 0) -> Optional[Gpu]:
+    """The free memory of a GPU in an env snapshot (other processes already subtracted), or None. `index` is
+    the NVML index, or a UUID (prefix) as CUDA_VISIBLE_DEVICES may name it."""
     nvidia = snapshot.get("nvidia") if isinstance(snapshot, dict) else None
     gpus = nvidia.get("gpus") if isinstance(nvidia, dict) else None
     if not isinstance(gpus, list) or not gpus:
         return None
-    gpu = next((g for g in gpus if isinstance(g, dict) and g.get("index") == index), None)
+    if isinstance(index, str):
+        gpu = next((g for g in gpus if isinstance(g, dict) and str(g.get("uuid", "")).startswith(index)), None)
+    else:
+        gpu = next((g for g in gpus if isinstance(g, dict) and g.get("index") == index), None)
     if gpu is None:
         gpu = gpus[0] if isinstance(gpus[0], dict) else None
     if gpu is None:
