@@ -8,6 +8,7 @@ what makes a gigabyte of progress bars cheap.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -27,6 +28,7 @@ GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a gue
 GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
+FIRST_BLOCK_BYTES = 512 << 10  # a small first block: rules that match every metric line saturate early
 
 GROUP_NAMES = {
     "oom": "the OOM message", "memsum": "the memory summary", "metrics": "the training metrics",
@@ -100,8 +102,32 @@ class Matcher:
         # per-line dispatch: plain substring tests are far cheaper than one big alternation
         self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci]
         self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci]
+        self.direct = targets
+        self.active = set(keys)
+        self.prefilter = self._build(self.active)
+
+    @staticmethod
+    def _build(keys: Iterable[tuple[str, bool]]) -> Prefilter:
         literals = [Literal(t, ci) for t, ci in keys] + [Literal(t, ci) for t, ci in TRIGGER_LITERALS]
-        self.prefilter = Prefilter(literals)
+        return Prefilter(literals)
+
+    def refresh(self, states: list["_RuleState"], sample: bytes) -> None:
+        """Drop the literals of rules that need no more lines (five matches, require_all met,
+        exclude seen): a rule whose pattern matches every metric line then stops costing time."""
+        def needed(target: tuple) -> bool:
+            kind, i, j = target
+            state = states[i]
+            if kind == "p":
+                return len(state.matches) < MAX_MATCH_EVIDENCE
+            if kind == "r":
+                return not state.required[j]
+            return not state.excluded
+
+        keys = {k for k, tg in self.direct.items() if any(needed(t) for t in tg)}
+        if keys != self.active:
+            self.active = keys
+            self.prefilter = self._build(keys)
+            self.prefilter.plan(sample)
 
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
@@ -148,21 +174,26 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         base = 0
         done = 0
         ends_with_newline = True
-        planned = False
-        for block in reader.iter_blocks(item):
+        sample = b""
+        for block in reader.iter_blocks(item, first_block_bytes=FIRST_BLOCK_BYTES):
             done += len(block)
-            if not planned:
-                matcher.prefilter.plan(block[: 1 << 20])  # needles that are rare in this input
-                planned = True
-            segments = matcher.prefilter.candidates(block)
-            records = METRIC_DICT_RE.finditer(block) if b"{'loss'" in block or b'"loss"' in block else iter(())
-            record = next(records, None)
+            if not sample:
+                sample = block[: 1 << 20]
+                matcher.prefilter.plan(sample)  # anchors that are rare in this input
+            records_before = collector._records
+            has_records = b"{'loss'" in block or b'"loss"' in block
+            masked: list = []
+            if has_records:
+                # metric dicts go to the collector in one batch per block, and are hidden from the
+                # candidate scan unless some literal occurs in them (checked on the first one)
+                found = list(METRIC_DICT_RE.finditer(block))
+                collector.feed_metric_batch([m.groups() for m in found], _record_line_maker(block, base, item))
+                if found and not matcher.prefilter.occurs_in(found[0].group(0)):
+                    masked = [m.span() for m in found]
+            segments = matcher.prefilter.candidates(block, masked)
             pos = 0
             count = 0
             for seg in segments:
-                while record is not None and record.start() < seg.start:
-                    _feed_record(collector, record, block, base, item)
-                    record = next(records, None)
                 count += block.count(b"\n", pos, seg.line_start)
                 pos = seg.line_start
                 raw = block[seg.start:seg.end]
@@ -176,12 +207,13 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     bar = _last_training_bar(block, seg.start)
                     if bar is not None:
                         collector.set_progress(*bar)
+                    if has_records:  # how many records came before the OOM line
+                        positions = [m.start() for m in METRIC_DICT_RE.finditer(block, 0, seg.start)]
+                        collector.records_before_oom = records_before + len(positions)
                 collector.feed(line)
                 _match_line(line, matcher, rules, states)
-            while record is not None:
-                _feed_record(collector, record, block, base, item)
-                record = next(records, None)
             base += count + block.count(b"\n", pos)
+            matcher.refresh(states, sample)
             ends_with_newline = block.endswith(b"\n")
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
@@ -189,20 +221,18 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     return states
 
 
-def _feed_record(collector: FactCollector, m: "re.Match[bytes]", block: bytes, base: int, item: reader.Input) -> None:
-    start = m.start()
-
-    def line_at() -> reader.Line:
+def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[[int], reader.Line]:
+    """line_at(k): the Line of the k-th metric record of the block (found again only on demand)."""
+    def line_at(k: int) -> reader.Line:
+        m = next(itertools.islice(METRIC_DICT_RE.finditer(block), k, None))
+        start = m.start()
         line_start = block.rfind(b"\n", 0, start) + 1
         lineno = base + block.count(b"\n", 0, line_start) + 1
         end = block.find(b"\n", start)
         return reader.make_line(block[start:end if end >= 0 else len(block)], item.path, lineno, item.rank,
                                 input_index=item.index)
 
-    if m.group(1) is not None:
-        collector.feed_dict_record(m.group(1), m.group(2), line_at)
-    else:
-        collector.feed_json_record(m.group(3), line_at)
+    return line_at
 
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> None:

@@ -246,8 +246,10 @@ _METRIC_RE = re.compile(
     + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
 # or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
-METRIC_DICT_RE = re.compile(rb"\{'loss': ([^,}\r\n]{1,40})((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}"
-                            rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
+METRIC_DICT_RE = re.compile(
+    rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?(?:, 'learning_rate': ([^,}\r\n]{1,40}))?"
+    rb"((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}"
+    rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 _JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*(-?[0-9][0-9.eE+-]*|-?Infinity|NaN)')
 _DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
 _UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
@@ -583,6 +585,7 @@ class FactCollector:
         self.groups: dict[str, list[Evidence]] = {}
         self.first_seen: dict[str, tuple] = {}
         self.progress: Optional[tuple[int, int]] = None  # last training progress bar (n, total)
+        self.records_before_oom: Optional[int] = None  # metric records before the first OOM (engine)
         self.ranks: set[int] = set()
         self.error_tail: deque = deque(maxlen=10)
         # oom
@@ -719,8 +722,10 @@ class FactCollector:
             self.values["oom.step"] = n
             if total:
                 self.values["oom.step_fraction"] = n / total
-        elif self._records:
-            self.values["oom.step"] = self._records
+        else:
+            records = self.records_before_oom if self.records_before_oom is not None else self._records
+            if records:
+                self.values["oom.step"] = records
 
     def _trace(self, line: Any) -> None:
         text = line.text
@@ -798,6 +803,110 @@ class FactCollector:
                 if parsed is not None:
                     record[key.decode("utf-8", "replace")] = parsed
         self._record(record, line_at)
+
+    def feed_metric_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
+        """Fast path for the engine: the metric records of one block, in order, as the tuples of
+        METRIC_DICT_RE.findall (loss, grad_norm, learning_rate, rest of the dict, JSON body);
+        `line_at(k)` builds the Line of the k-th record only when evidence needs one. Plain
+        `{'loss': x, 'grad_norm': y, 'learning_rate': z, ...}` dicts are aggregated inline:
+        a long training log has millions of them."""
+        loss_min, loss_max = self._loss_min, self._loss_max
+        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
+        max_after = self._max_after_min
+        gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
+        last_loss = self._loss_last
+        add_point = self.loss_series.add
+        index = self._records
+        last_k = None
+        for k, (loss_text, gn_text, lr_text, rest, body) in enumerate(items):
+            if body or (rest and b"mem" in rest) or self._mem_key is not None:
+                # rare shapes: the general path (sync the locals around it)
+                self._records = index
+                self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
+                self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
+                self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
+                self._loss_last = last_loss
+                if body:
+                    self.feed_json_record(body, lambda k=k: line_at(k))
+                else:
+                    extra = b"".join(((b", 'grad_norm': " + gn_text) if gn_text else b"",
+                                      (b", 'learning_rate': " + lr_text) if lr_text else b"", rest))
+                    self.feed_dict_record(loss_text, extra, lambda k=k: line_at(k))
+                index = self._records
+                loss_min, loss_max, prev = self._loss_min, self._loss_max, self._prev_loss
+                run, best, max_after = self._flat_run, self._flat_best, self._max_after_min
+                gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
+                last_loss = self._loss_last
+                continue
+            try:
+                loss = float(loss_text)
+            except ValueError:
+                continue
+            index += 1
+            last_k = k
+            finite = loss - loss == 0
+            gn = None
+            if gn_text:
+                try:
+                    gn = float(gn_text)
+                except ValueError:
+                    gn = None
+            if index == 1:
+                self._evidence("metrics", line_at(k))
+            if self._first_nonfinite is None and (not finite or (gn is not None and gn - gn != 0)):
+                self._first_nonfinite = index
+                self._finite_before_nan = index - 1 - self._loss_nan
+                self._evidence("metrics", line_at(k))
+            if finite:
+                add_point(index, loss)
+                last_loss = loss
+                if loss_min is None:
+                    self._loss_first = loss
+                    loss_min = loss_max = loss
+                elif loss < loss_min:
+                    loss_min = loss
+                    max_after = None
+                elif max_after is None or loss > max_after:
+                    max_after = loss
+                if loss > loss_max:
+                    loss_max = loss
+                if loss == 0:
+                    self._loss_zero += 1
+                if prev is not None and -1e-4 < loss - prev < 1e-4:
+                    run += 1
+                else:
+                    run = 1
+                if run > best:
+                    best = run
+                prev = loss
+            else:
+                self._loss_nan += 1
+                run = 0
+                prev = None
+            if gn is not None:
+                if gn - gn == 0:
+                    if gn_first is None:
+                        gn_first = gn_max = gn
+                    elif gn > gn_max:
+                        gn_max = gn
+                else:
+                    self._gn_nan += 1
+            if lr_text:
+                try:
+                    lr = float(lr_text)
+                except ValueError:
+                    lr = None
+                if lr is not None and lr - lr == 0:
+                    self._lr_last = lr
+                    if lr_max is None or lr > lr_max:
+                        lr_max = lr
+        self._records = index
+        self._loss_last = last_loss
+        if last_k is not None:
+            self._last_metrics_line = lambda k=last_k: line_at(k)
+        self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
+        self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
+        self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
 
     def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
         """Fast path for a JSON record with a "loss" key (the text between the braces)."""

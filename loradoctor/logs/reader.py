@@ -238,10 +238,11 @@ def open_input(item: Input) -> BinaryIO:
     return _wrap_decompress(raw, item.compressed)  # type: ignore[arg-type]
 
 
-def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
+def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
-    content raises UserError."""
+    content raises UserError. `first_block_bytes` makes the first read smaller (the engine learns
+    from it which rules are already satisfied before reading big blocks)."""
     try:
         stream = open_input(item)
     except OSError as exc:
@@ -252,8 +253,9 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES) -> Iterator[bytes]:
     read_bytes = 0
     try:
         while True:
+            size = first_block_bytes if first and first_block_bytes else block_bytes
             try:
-                chunk = stream.read(block_bytes)
+                chunk = stream.read(size)
             except (OSError, EOFError, lzma.LZMAError) as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
             if item.source is None:

@@ -40,7 +40,7 @@ for _c in "\n\r":
     _FREQ[ord(_c)] = 1000  # never an anchor
 
 SAMPLE_BYTES = 256 << 10  # how much of an input's start sets the byte frequencies
-COMMON_BYTE_SHARE = 1 / 4096  # a literal whose rarest byte is this common is searched on its own
+COMMON_BYTE_SHARE = 1 / 100  # a literal whose rarest byte is this common is searched on its own
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,7 @@ class Prefilter:
                 continue
             kept.append((data, ci))
         self._kept = kept
-        alternatives = []
-        for data, ci in sorted(kept, key=lambda k: -len(k[0])):
-            pat = re.escape(data)
-            alternatives.append(b"(?i:" + pat + b")" if ci else pat)
-        self.regex: Optional[re.Pattern] = re.compile(b"|".join(alternatives)) if alternatives else None
+        self._regex: Optional[re.Pattern] = None
         self.plan(b"")
 
     def plan(self, sample: bytes) -> None:
@@ -133,14 +129,22 @@ class Prefilter:
     def needles(self) -> list[bytes]:
         return [bytes((b,)) for b in self.anchor_bytes] + self._alone_cs + self._alone_ci
 
-    def candidates(self, block: bytes) -> list[Segment]:
-        """Segments of `block` that contain a literal, in order, without duplicates."""
-        if self.regex is None:
+    def candidates(self, block: bytes, masked: Iterable[tuple[int, int]] = ()) -> list[Segment]:
+        """Segments of `block` that contain a literal, in order, without duplicates. Anchor bytes
+        inside the `masked` (start, end) spans are ignored (the engine masks metric dicts, which
+        it reads with its own regex, when no literal occurs in them)."""
+        if not self._kept:
             return []
         found: dict[int, Segment] = {}
         size = len(block)
         if self._table is not None:
             mapped = block.translate(self._table)
+            if masked:
+                buffer = bytearray(mapped)
+                for start, end in masked:
+                    n = end - start
+                    buffer[start:end] = _ONES[:n] if n <= len(_ONES) else b"\1" * n
+                mapped = bytes(buffer)
             find = mapped.find
             by_byte = self._by_byte
             pos = find(b"\0")
@@ -184,11 +188,18 @@ class Prefilter:
                 pos = find(needle, seg.end) if seg.end < size else -1
         return [found[k] for k in sorted(found)]
 
+    def occurs_in(self, text: bytes) -> bool:
+        """True when any literal occurs in text."""
+        low = text.lower()
+        return any((d in low) if ci else (d in text) for d, ci in self._kept)
+
     def matched(self, segment: bytes) -> set[bytes]:
         """The (kept) literals present in a segment, lower-cased for case-insensitive ones."""
-        if self.regex is None:
-            return set()
-        return {m.group(0) for m in self.regex.finditer(segment)}
+        low = segment.lower()
+        return {d for d, ci in self._kept if (d in low if ci else d in segment)}
+
+
+_ONES = b"\1" * 4096
 
 
 def _segment(block: bytes, pos: int) -> Segment:
