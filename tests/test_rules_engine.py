@@ -337,3 +337,55 @@ def test_oom_step_from_progress_bar(tmp_path, tiny_rules):
     text = "Loading checkpoint shards: 100%|██████████| 2/2 [00:05<00:00,  2.60s/it]\n" + bar + "\n" + FRAG_OOM + "\n"
     report = explain_tiny(tiny_rules, write(tmp_path, "x.log", text))
     assert report.facts["oom.step"] == 100 and report.facts["oom.step_fraction"] == 0.25
+
+
+# --- the fast paths agree with the line-by-line extractors --------------------------------------
+
+def test_block_metric_path_matches_line_path(tmp_path, tiny_rules):
+    from loradoctor.logs.facts import FactCollector
+    from loradoctor.logs.reader import iter_lines, resolve_inputs
+
+    records = []
+    for i in range(300):
+        loss = "nan" if i in (250, 251) else f"{2.0 - i / 400:.4f}"
+        gn = "inf" if i == 250 else f"{0.5 + i / 100:.3f}"
+        records.append(f"{{'loss': {loss}, 'grad_norm': {gn}, 'learning_rate': {2e-4 * (1 - i / 300):.6e}, 'epoch': {i / 100:.2f}}}")
+    text = ""
+    for i, rec in enumerate(records):
+        bar = f"\r{i * 100 // 300:3d}%|#   | {i}/300 [00:{i % 60:02d}<01:00,  2.00it/s]"
+        text += bar + (rec if i % 2 else "\r      \r" + rec) + "\n"  # glued after the bar, or after a clear
+    text += "{'train_runtime': 151.3, 'train_samples_per_second': 5.3, 'train_loss': 1.2, 'epoch': 3.0}\n"
+    path = write(tmp_path, "train.log", text)
+    report = explain_tiny(tiny_rules, path)
+    collector = FactCollector()
+    for line in iter_lines(resolve_inputs([str(path)])):
+        collector.feed(line)
+    slow = {k: v for k, v in collector.finish().flat().items() if k.startswith("metrics.")}
+    fast = {k: v for k, v in report.facts.items() if k.startswith("metrics.")}
+    assert fast == slow
+    assert fast["metrics.steps"] == 300 and fast["metrics.first_nonfinite_index"] == 251
+    assert fast["metrics.train_finished"] is True
+    assert report.facts["input.lines"] == 301
+    assert report.series["loss"][0] == (1, 2.0)
+
+
+def test_json_log_history_records(tmp_path, tiny_rules):
+    entries = ",\n".join(f'    {{\n      "epoch": {i / 10},\n      "grad_norm": {0.5 + i},\n      "learning_rate": 0.0002,\n'
+                         f'      "loss": {"NaN" if i == 7 else 2.0 - i / 10},\n      "step": {i * 10}\n    }}' for i in range(1, 9))
+    path = write(tmp_path, "trainer_state.json.log", '{\n  "log_history": [\n' + entries + "\n  ]\n}\n")
+    facts = explain_tiny(tiny_rules, path).facts
+    assert facts["metrics.steps"] == 8 and facts["metrics.loss_nan_count"] == 1
+    assert facts["metrics.first_nonfinite_index"] == 7 and facts["metrics.grad_norm_max"] == 8.5
+
+
+def test_rule_literal_inside_metric_dicts_still_matches(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "r.yaml").write_text("rules:\n" + GOOD_RULE.format(id="mean-acc").replace(
+        "'CUDA out of memory'", "'mean_token_accuracy'"))
+    rules = load_rules([folder], include_builtin=False)
+    lines = [f"{{'loss': 1.{i}, 'grad_norm': 0.3, 'learning_rate': 2e-05, 'mean_token_accuracy': 0.5, 'epoch': 0.1}}"
+             for i in range(10)]
+    report = explain([str(write(tmp_path, "x.log", "\n".join(lines) + "\n"))], rules=rules)
+    assert [f.rule for f in report.findings] == ["mean-acc"]
+    assert report.facts["metrics.steps"] == 10
