@@ -208,3 +208,20 @@ def test_prefilter_finds_literals_case_rules_and_frequent_anchors():
     segs = pre.candidates(block)
     texts = [block[s.start:s.end] for s in segs]
     assert texts == [b"foo Error bar", b"KILLED here"]
+
+
+def test_progress_bar_and_metric_lines_are_not_candidates():
+    bars = "".join(f"\r{i:3d}%|#   | {i}/100 [00:{i % 60:02d}<01:00,  2.00it/s]" for i in range(100))
+    dicts = "".join(f"{{'loss': 1.{i}, 'grad_norm': 0.5, 'learning_rate': 2e-05, 'epoch': 0.1}}\n" for i in range(50))
+    block = (bars + "\n" + dicts + "RuntimeError: CUDA error: device-side assert triggered\n").encode()
+    pre = Prefilter([Literal("RuntimeError"), Literal("device-side assert", ignore_case=True), Literal("NCCL"),
+                     Literal("torch", ignore_case=True), Literal("Killed")])
+    pre.plan(block)
+    segs = pre.candidates(block)
+    assert [block[s.start:s.end] for s in segs] == [b"RuntimeError: CUDA error: device-side assert triggered"]
+
+
+def test_case_insensitive_literal_is_not_dropped_for_a_case_sensitive_one():
+    pre = Prefilter([Literal("rror"), Literal("error", ignore_case=True)])
+    block = b"ok\nFATAL ERROR HERE\nxx\n"
+    assert [block[s.start:s.end] for s in pre.candidates(block)] == [b"FATAL ERROR HERE"]

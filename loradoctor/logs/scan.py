@@ -10,10 +10,9 @@ Literals made only of bytes that are common in the input are searched whole, one
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Iterable
 
 # How common a byte is in training logs (progress bars, metric dicts, prose). Lower = rarer =
 # better anchor. Rough numbers; only their order matters.
@@ -71,16 +70,16 @@ class Prefilter:
             key = (data.lower() if lit.ignore_case else data, lit.ignore_case)
             unique[key] = lit
         self.literals = list(unique.values())
-        # drop literals that contain another literal of the same or looser case rule
+        # a literal that contains a kept one adds nothing: every line with it is found anyway
+        # (a case-insensitive literal only defers to a case-insensitive one)
         kept: list[tuple[bytes, bool]] = []
         keys = sorted(unique, key=lambda k: len(k[0]))
         for data, ci in keys:
             low = data.lower()
-            if any((k_ci and k in low) or (not k_ci and k in data) for k, k_ci in kept):
+            if any((k_ci and k in low) or (not k_ci and not ci and k in data) for k, k_ci in kept):
                 continue
             kept.append((data, ci))
         self._kept = kept
-        self._regex: Optional[re.Pattern] = None
         self.plan(b"")
 
     def plan(self, sample: bytes) -> None:
@@ -193,12 +192,6 @@ class Prefilter:
         low = text.lower()
         return any((d in low) if ci else (d in text) for d, ci in self._kept)
 
-    def matched(self, segment: bytes) -> set[bytes]:
-        """The (kept) literals present in a segment, lower-cased for case-insensitive ones."""
-        low = segment.lower()
-        return {d for d, ci in self._kept if (d in low if ci else d in segment)}
-
-
 _ONES = b"\1" * 4096
 
 
@@ -221,8 +214,3 @@ def is_last_segment(block: bytes, seg: Segment) -> bool:
     if seg.end >= seg.line_end:
         return True
     return not block[seg.end:seg.line_end].strip()
-
-
-def iter_segment_texts(block: bytes, segs: list[Segment]) -> Iterator[tuple[Segment, bytes]]:
-    for seg in segs:
-        yield seg, block[seg.start:seg.end]
