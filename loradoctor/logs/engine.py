@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding, confidence_label
 from loradoctor.logs import reader
-from loradoctor.logs.facts import METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts
+from loradoctor.logs.facts import METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
@@ -182,43 +182,54 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 matcher.prefilter.plan(sample)  # anchors that are rare in this input
             records_before = collector._records
             has_records = b"{'loss'" in block or b'"loss"' in block
-            masked: list = []
+            view = block  # what the candidate scan reads: the block, less the metric dicts
             if has_records:
-                # metric dicts go to the collector in one batch per block, and are hidden from the
-                # candidate scan unless some literal occurs in them (checked on the first one)
-                found = list(METRIC_DICT_RE.finditer(block))
-                collector.feed_metric_batch([m.groups() for m in found], _record_line_maker(block, base, item))
-                if found and not matcher.prefilter.occurs_in(found[0].group(0)):
-                    masked = [m.span() for m in found]
-            segments = matcher.prefilter.candidates(block, masked)
+                # metric dicts go to the collector in one batch per block (C-level findall), and
+                # are cut out of the scanned view unless some literal occurs in them (checked on the
+                # first one); single-line dicts hold no newline, so line numbers stay right
+                collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
+                first = PY_METRIC_DICT_RE.search(block)
+                if first is not None and not matcher.prefilter.occurs_in(first.group(0)):
+                    view = PY_METRIC_DICT_RE.sub(b"", block)
+            segments = matcher.prefilter.candidates(view)
             pos = 0
             count = 0
             for seg in segments:
-                count += block.count(b"\n", pos, seg.line_start)
+                count += view.count(b"\n", pos, seg.line_start)
                 pos = seg.line_start
-                raw = block[seg.start:seg.end]
-                if not is_last_segment(block, seg) and _is_bar_bytes(raw):
+                raw = view[seg.start:seg.end]
+                if not is_last_segment(view, seg) and _is_bar_bytes(raw):
                     continue  # an intermediate progress-bar redraw
-                line = reader.make_line(raw, item.path, base + count + 1, item.rank, input_index=item.index)
+                lineno = base + count + 1
+                line = reader.make_line(raw, item.path, lineno, item.rank, input_index=item.index)
                 if line.rank is not None:
                     item.ranks.add(line.rank)
                 if not oom_bar_done and b"Tried to allocate" in raw:
                     oom_bar_done = True
-                    bar = _last_training_bar(block, seg.start)
+                    bar = _last_training_bar(view, seg.start)
                     if bar is not None:
                         collector.set_progress(*bar)
                     if has_records:  # how many records came before the OOM line
-                        positions = [m.start() for m in METRIC_DICT_RE.finditer(block, 0, seg.start)]
-                        collector.records_before_oom = records_before + len(positions)
+                        collector.records_before_oom = records_before + _records_before_line(block, lineno - base)
                 collector.feed(line)
                 _match_line(line, matcher, rules, states)
-            base += count + block.count(b"\n", pos)
+            base += count + view.count(b"\n", pos)
             matcher.refresh(states, sample)
             ends_with_newline = block.endswith(b"\n")
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
     return states
+
+
+def _records_before_line(block: bytes, line_in_block: int) -> int:
+    """Metric records in the block before its line number `line_in_block` (1-based)."""
+    offset = 0
+    for _ in range(line_in_block - 1):
+        offset = block.find(b"\n", offset) + 1
+        if offset == 0:
+            return len(METRIC_DICT_RE.findall(block))
+    return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
 def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[[int], reader.Line]:

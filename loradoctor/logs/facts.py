@@ -246,10 +246,10 @@ _METRIC_RE = re.compile(
     + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
 # or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
-METRIC_DICT_RE = re.compile(
-    rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?(?:, 'learning_rate': ([^,}\r\n]{1,40}))?"
-    rb"((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}"
-    rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
+_PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
+                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}")
+PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
+METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 _JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*(-?[0-9][0-9.eE+-]*|-?Infinity|NaN)')
 _DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
 _UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)

@@ -258,8 +258,6 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
                 chunk = stream.read(size)
             except (OSError, EOFError, lzma.LZMAError) as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
-            if item.source is None:
-                read_bytes += len(chunk)
             if first:
                 first = False
                 if looks_binary(chunk[:SNIFF_BYTES]):
@@ -268,6 +266,11 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
                     decoder = codecs.getincrementaldecoder("utf-16")(errors="replace")
             if decoder is not None:
                 chunk = decoder.decode(chunk, final=not chunk).encode("utf-8")
+            elif chunk and not rest and not chunk.endswith(b"\n"):
+                # finish the last line from the stream: one copy instead of cutting and re-joining
+                chunk += stream.readline(block_bytes)
+            if item.source is None:
+                read_bytes += len(chunk)
             if not chunk:
                 if rest:
                     yield rest
