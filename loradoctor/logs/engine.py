@@ -184,13 +184,20 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             has_records = b"{'loss'" in block or b'"loss"' in block
             view = block  # what the candidate scan reads: the block, less the metric dicts
             if has_records:
-                # metric dicts go to the collector in one batch per block (C-level findall), and
-                # are cut out of the scanned view unless some literal occurs in them (checked on the
-                # first one); single-line dicts hold no newline, so line numbers stay right
-                collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
+                # metric dicts go to the collector in one batch per block, and are cut out of the
+                # scanned view unless some literal occurs in them (checked on the first one);
+                # single-line dicts hold no newline, so line numbers stay right
                 first = PY_METRIC_DICT_RE.search(block)
-                if first is not None and not matcher.prefilter.occurs_in(first.group(0)):
-                    view = PY_METRIC_DICT_RE.sub(b"", block)
+                cut = first is not None and not matcher.prefilter.occurs_in(first.group(0))
+                if b'"loss"' in block:  # JSON records (may span lines): the plain regex path
+                    collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
+                    if cut:
+                        view = PY_METRIC_DICT_RE.sub(b"", block)
+                else:
+                    records, rest_view = _split_metric_dicts(block, first.start() if first is not None else -1, cut)
+                    collector.feed_metric_batch(records, _record_line_maker(block, base, item))
+                    if cut:
+                        view = rest_view
             segments = matcher.prefilter.candidates(view)
             pos = 0
             count = 0
@@ -220,6 +227,35 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
     return states
+
+
+_DICT_START = b"{'loss': "
+
+
+def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
+    """The `{'loss': ...}` dicts of a block (METRIC_DICT_RE groups, in order) and, when `cut`,
+    the block without them. bytes.find (fast) finds each start; the regex only checks the dict."""
+    records: list = []
+    pieces: list = []
+    find = block.find
+    match = METRIC_DICT_RE.match
+    add = records.append
+    last = 0
+    while pos != -1:
+        m = match(block, pos)
+        if m is None:
+            pos = find(_DICT_START, pos + 1)
+            continue
+        add(m.groups())
+        end = m.end()
+        if cut:
+            pieces.append(block[last:pos])
+            last = end
+        pos = find(_DICT_START, end)
+    if not cut:
+        return records, block
+    pieces.append(block[last:])
+    return records, b"".join(pieces)
 
 
 def _records_before_line(block: bytes, line_in_block: int) -> int:
