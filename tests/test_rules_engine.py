@@ -389,3 +389,10 @@ def test_rule_literal_inside_metric_dicts_still_matches(tmp_path):
     report = explain([str(write(tmp_path, "x.log", "\n".join(lines) + "\n"))], rules=rules)
     assert [f.rule for f in report.findings] == ["mean-acc"]
     assert report.facts["metrics.steps"] == 10
+
+
+def test_condition_may_span_lines():
+    expr = "(oom.requested_bytes >= 1GiB\n or oom.free_bytes < 1GiB)\nand not oom.phase == 'load'"
+    assert Condition(expr).evaluate(FACTS) is True
+    with pytest.raises(ConditionError):
+        Condition("oom.count > 1) or (1")

@@ -158,10 +158,12 @@ _CONSTANT_NAMES = {"true": True, "false": False, "True": True, "False": False, "
 
 
 def _expand_sizes(expr: str) -> str:
-    """`1GiB` -> `1073741824` outside string literals."""
+    """`1GiB` -> `1073741824` outside string literals; line breaks become spaces there, so that a
+    condition may span lines (YAML block scalars)."""
     parts = _STRING_SPLIT_RE.split(expr)
     for i in range(0, len(parts), 2):
-        parts[i] = _SIZE_LITERAL_RE.sub(lambda m: str(parse_size(m.group(1) + m.group(2))), parts[i])
+        text = parts[i].replace("\r", " ").replace("\n", " ")
+        parts[i] = _SIZE_LITERAL_RE.sub(lambda m: str(parse_size(m.group(1) + m.group(2))), text)
     return "".join(parts)
 
 
