@@ -2,7 +2,7 @@
 
     python benchmarks/estimate_accuracy.py [TRUTH.yaml] [--json] [--no-speed]
 
-TRUTH defaults to /work/shared/estimate/dev_truth.yaml (litgpt and torchtune tables). For each point the
+TRUTH defaults to ../shared/estimate/dev_truth.yaml (beside the checkout) (litgpt and torchtune tables). For each point the
 configuration described in the file (framework, precision, optimizer, quantization, LoRA targets,
 checkpointing, compile / chunked loss / offloading extras) becomes an EstimateInputs; the prediction
 of the point's own metric (max allocated, reserved, or device in use; 'active' is read as allocated;
@@ -36,7 +36,8 @@ from loradoctor.estimate.arch import Arch, find_preset, arch_from_preset  # noqa
 from loradoctor.estimate.fit import find_gpu, gpu_table  # noqa: E402
 from loradoctor.estimate.memory import EstimateInputs, estimate  # noqa: E402
 
-DEFAULT_TRUTH = Path("/work/shared/estimate/dev_truth.yaml")
+# shared/ lies beside the checkout (../shared), as laid out for developers and CI.
+DEFAULT_TRUTH = ROOT.parent / "shared" / "estimate" / "dev_truth.yaml"
 
 
 def arch_for(point: dict[str, Any]) -> Arch:
