@@ -403,3 +403,26 @@ def test_evidence_groups_keep_source_lines():
     (ev,) = facts.evidence("oom")
     assert (ev.file, ev.line) == ("t.log", 2) and ev.text.startswith("torch.OutOfMemoryError")
     assert facts.flat()["oom.count"] == 1
+
+
+def test_vector_batch_equals_record_by_record():
+    import random
+
+    rng = random.Random(7)
+    for trial in range(40):
+        records = []
+        for i in range(rng.randint(1, 300)):
+            r = rng.random()
+            loss = "nan" if r < 0.05 else "inf" if r < 0.07 else "0.0" if r < 0.1 else \
+                f"{rng.choice([1.0, 1.00005, 1.0005, 1.5, 0.7]) if rng.random() < 0.5 else rng.random() * 3:.5f}"
+            gn = "nan" if rng.random() < 0.05 else f"{rng.random() * 10:.3f}"
+            lr = f"{rng.random() * 1e-4:.3e}"
+            records.append((loss.encode(), gn.encode(), lr.encode(), b", 'epoch': 0.1", b""))
+        fast, slow = FactCollector(block_metrics=True), FactCollector(block_metrics=True)
+        cut = sorted(rng.sample(range(len(records) + 1), k=min(3, len(records) + 1)))
+        for a, b in zip([0] + cut, cut + [len(records)]):
+            fast.feed_metric_batch(records[a:b], lambda k: line("x", k + 1))
+            slow._scalar_batch(records[a:b], lambda k: line("x", k + 1))
+        f, s = fast.finish(), slow.finish()
+        assert f.flat() == s.flat() or str(f.flat()) == str(s.flat()), trial  # nan-safe comparison
+        assert f.series == s.series, trial

@@ -12,6 +12,7 @@ them to its prefilter so that only such lines (and the rules' lines) are decoded
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import signal as _signal
@@ -247,7 +248,7 @@ _METRIC_RE = re.compile(
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
 # or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
 _PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
-                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?((?:, '[^'\r\n]{1,80}': [^,}\r\n]{1,80}){0,40})\}")
+                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^}\r\n]{0,4000})\}")
 PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
 METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 _JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*(-?[0-9][0-9.eE+-]*|-?Infinity|NaN)')
@@ -319,6 +320,43 @@ class _Series:
         if len(self.points) >= self.limit:
             self.points = self.points[::2]
             self.stride *= 2
+
+    def add_many(self, indices: list, values: list) -> None:
+        """The same as calling add for each pair, with list slicing instead of a Python loop."""
+        i, total = 0, len(values)
+        while i < total:
+            first = i + (-self._n) % self.stride  # the next element that add() would keep
+            room = self.limit - len(self.points)
+            kept_idx = indices[first:total:self.stride][:room]
+            kept_val = values[first:total:self.stride][:room]
+            self.points.extend(zip(kept_idx, kept_val))
+            if len(self.points) >= self.limit:
+                upto = first + (len(kept_idx) - 1) * self.stride + 1
+                self._n += upto - i
+                i = upto
+                self.points = self.points[::2]
+                self.stride *= 2
+            else:
+                self._n += total - i
+                i = total
+
+
+def _finite_pieces(values: list, finite: list) -> list:
+    """Split values at non-finite entries: [1, nan, 2, 3] -> [[1], [], [2, 3]] (an empty list
+    marks each non-finite entry, in order)."""
+    pieces: list = []
+    current: list = []
+    for v, ok in zip(values, finite):
+        if ok:
+            current.append(v)
+        else:
+            if current:
+                pieces.append(current)
+            pieces.append([])
+            current = []
+    if current:
+        pieces.append(current)
+    return pieces
 
 
 # ---------------------------------------------------------------------------------------------
@@ -807,9 +845,111 @@ class FactCollector:
     def feed_metric_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
         """Fast path for the engine: the metric records of one block, in order, as the tuples of
         METRIC_DICT_RE.findall (loss, grad_norm, learning_rate, rest of the dict, JSON body);
-        `line_at(k)` builds the Line of the k-th record only when evidence needs one. Plain
-        `{'loss': x, 'grad_norm': y, 'learning_rate': z, ...}` dicts are aggregated inline:
-        a long training log has millions of them."""
+        `line_at(k)` builds the Line of the k-th record only when evidence needs one. A block of
+        plain `{'loss': x, 'grad_norm': y, 'learning_rate': z, ...}` dicts (a long training log
+        has millions) is aggregated with list operations; other shapes one record at a time."""
+        if not items:
+            return
+        loss_t, gn_t, lr_t, rest_t, body_t = zip(*items)
+        if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
+            try:
+                losses = list(map(float, loss_t))
+                gns = list(map(float, gn_t)) if b"" not in gn_t else None
+                lrs = list(map(float, lr_t)) if b"" not in lr_t else None
+            except ValueError:
+                pass
+            else:
+                if (gns is not None or not any(gn_t)) and (lrs is not None or not any(lr_t)):
+                    self._vector_batch(losses, gns, lrs, line_at)
+                    return
+        self._scalar_batch(items, line_at)
+
+    def _vector_batch(self, losses: list, gns: Optional[list], lrs: Optional[list],
+                      line_at: Callable[[int], Any]) -> None:
+        """Aggregate a run of plain records; the same facts as _record, record by record."""
+        n = len(losses)
+        start = self._records  # records before this batch; record k has index start + k + 1
+        finite = list(map(math.isfinite, losses))
+        all_finite = all(finite)
+        gn_finite = list(map(math.isfinite, gns)) if gns is not None else None
+        if self._records == 0:
+            self._evidence("metrics", line_at(0))
+        if self._first_nonfinite is None:
+            firsts = []
+            if not all_finite:
+                firsts.append(finite.index(False))
+            if gn_finite is not None and not all(gn_finite):
+                firsts.append(gn_finite.index(False))
+            if firsts:
+                k = min(firsts)
+                self._first_nonfinite = start + k + 1
+                self._finite_before_nan = start + k - self._loss_nan
+                self._evidence("metrics", line_at(k))
+        if all_finite:
+            values, where = losses, list(range(start + 1, start + n + 1))
+        else:
+            values = list(itertools.compress(losses, finite))
+            where = list(itertools.compress(range(start + 1, start + n + 1), finite))
+            self._loss_nan += n - len(values)
+        self._records = start + n
+        self._last_metrics_line = lambda k=n - 1: line_at(k)
+        if values:
+            self.loss_series.add_many(where, values)
+            if self._loss_first is None:
+                self._loss_first = values[0]
+            self._loss_last = values[-1]
+            self._loss_zero += values.count(0.0)
+            low, high = min(values), max(values)
+            if self._loss_min is None or low < self._loss_min:
+                at = values.index(low)
+                tail = values[at + 1:]
+                self._max_after_min = max(tail) if tail else None
+                self._loss_min = low
+            else:
+                self._max_after_min = high if self._max_after_min is None else max(self._max_after_min, high)
+            if self._loss_max is None or high > self._loss_max:
+                self._loss_max = high
+        self._flat_runs(losses, finite, all_finite)
+        if gns is not None:
+            good = gns if all(gn_finite) else list(itertools.compress(gns, gn_finite))  # type: ignore[arg-type]
+            self._gn_nan += len(gns) - len(good)
+            if good:
+                if self._gn_first is None:
+                    self._gn_first = good[0]
+                top = max(good)
+                if self._gn_max is None or top > self._gn_max:
+                    self._gn_max = top
+        if lrs is not None:
+            good = [x for x in lrs if x - x == 0] if not all(map(math.isfinite, lrs)) else lrs
+            if good:
+                self._lr_last = good[-1]
+                top = max(good)
+                if self._lr_max is None or top > self._lr_max:
+                    self._lr_max = top
+
+    def _flat_runs(self, losses: list, finite: list, all_finite: bool) -> None:
+        """Longest run of consecutive finite records whose loss changed by < 1e-4."""
+        pieces = [losses] if all_finite else _finite_pieces(losses, finite)
+        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
+        for piece_no, piece in enumerate(pieces):
+            if not piece:  # a non-finite record: the run ends
+                prev, run = None, 0
+                continue
+            steady = bytes(-1e-4 < b - a < 1e-4 for a, b in zip(piece, piece[1:]))
+            streaks = steady.split(b"\0")
+            # the first record continues the previous run if it is close to the previous loss
+            lead = 1 if prev is None or not (-1e-4 < piece[0] - prev < 1e-4) else run + 1
+            if len(streaks) == 1:  # no break inside the piece
+                run = lead + len(streaks[0])
+                best = max(best, run)
+            else:
+                best = max(best, lead + len(streaks[0]), 1 + max(len(x) for x in streaks[1:]))
+                run = 1 + len(streaks[-1])
+            prev = piece[-1]
+        self._prev_loss, self._flat_run, self._flat_best = prev, run, best
+
+    def _scalar_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
+        """Record by record, for blocks with memory keys, JSON bodies or odd values."""
         loss_min, loss_max = self._loss_min, self._loss_max
         prev, run, best = self._prev_loss, self._flat_run, self._flat_best
         max_after = self._max_after_min
