@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cmp_to_key
 from typing import Any, Callable, Iterable, Optional
 
-from loradoctor.findings import Evidence, Finding, confidence_label
+from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
 from loradoctor.logs.facts import METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts
 from loradoctor.logs.factnames import group_of
