@@ -396,3 +396,11 @@ def test_condition_may_span_lines():
     assert Condition(expr).evaluate(FACTS) is True
     with pytest.raises(ConditionError):
         Condition("oom.count > 1) or (1")
+
+
+def test_older_trainer_dicts_without_grad_norm(tmp_path, tiny_rules):
+    text = "".join(f"{{'loss': {2 - i / 10}, 'learning_rate': 1.1644736842105263e-05, 'epoch': 0.{i}}}\n" for i in range(8))
+    text += "{'loss': 0.5, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.9}\n"
+    facts = explain_tiny(tiny_rules, write(tmp_path, "old.log", text)).facts
+    assert facts["metrics.steps"] == 9 and facts["metrics.lr_max"] == pytest.approx(1.1644736842105263e-05)
+    assert facts["metrics.grad_norm_nan_count"] == 1 and facts["metrics.first_nonfinite_index"] == 9

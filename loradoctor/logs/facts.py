@@ -854,8 +854,9 @@ class FactCollector:
         if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
             try:
                 losses = list(map(float, loss_t))
-                gns = list(map(float, gn_t)) if b"" not in gn_t else None
-                lrs = list(map(float, lr_t)) if b"" not in lr_t else None
+                # absent optional groups are b"" (findall) or None (match)
+                gns = list(map(float, gn_t)) if b"" not in gn_t and None not in gn_t else None
+                lrs = list(map(float, lr_t)) if b"" not in lr_t and None not in lr_t else None
             except ValueError:
                 pass
             else:
