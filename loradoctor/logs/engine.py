@@ -181,23 +181,22 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 sample = block[: 1 << 20]
                 matcher.prefilter.plan(sample)  # anchors that are rare in this input
             records_before = collector._records
-            has_records = b"{'loss'" in block or b'"loss"' in block
             view = block  # what the candidate scan reads: the block, less the metric dicts
-            if has_records:
+            dict_at = block.find(_DICT_START)
+            json_records = dict_at < 0 and b'"loss":' in block  # JSON logs carry no Python dicts
+            has_records = dict_at >= 0 or json_records
+            if json_records:  # JSON records may span lines: the plain regex path, nothing cut out
+                collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
+            elif has_records:
                 # metric dicts go to the collector in one batch per block, and are cut out of the
                 # scanned view unless some literal occurs in them (checked on the first one);
                 # single-line dicts hold no newline, so line numbers stay right
-                first = PY_METRIC_DICT_RE.search(block)
+                first = PY_METRIC_DICT_RE.match(block, dict_at)
                 cut = first is not None and not matcher.prefilter.occurs_in(first.group(0))
-                if b'"loss"' in block:  # JSON records (may span lines): the plain regex path
-                    collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
-                    if cut:
-                        view = PY_METRIC_DICT_RE.sub(b"", block)
-                else:
-                    records, rest_view = _split_metric_dicts(block, first.start() if first is not None else -1, cut)
-                    collector.feed_metric_batch(records, _record_line_maker(block, base, item))
-                    if cut:
-                        view = rest_view
+                records, rest_view = _split_metric_dicts(block, dict_at, cut)
+                collector.feed_metric_batch(records, _record_line_maker(block, base, item))
+                if cut:
+                    view = rest_view
             segments = matcher.prefilter.candidates(view)
             pos = 0
             count = 0
