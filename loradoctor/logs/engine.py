@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
-from loradoctor.logs.facts import METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts
+from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts,
+                                   parse_oom_message)
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
@@ -178,8 +179,9 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         for block in reader.iter_blocks(item, first_block_bytes=FIRST_BLOCK_BYTES):
             done += len(block)
             if not sample:
-                sample = block[: 1 << 20]
-                matcher.prefilter.plan(sample)  # anchors that are rare in this input
+                # anchors that are rare in this input, outside the metric dicts (cut out below)
+                sample = PY_METRIC_DICT_RE.sub(b"", block[: 1 << 20])
+                matcher.prefilter.plan(sample)
             records_before = collector._records
             view = block  # what the candidate scan reads: the block, less the metric dicts
             dict_at = block.find(_DICT_START)
@@ -210,13 +212,16 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 line = reader.make_line(raw, item.path, lineno, item.rank, input_index=item.index)
                 if line.rank is not None:
                     item.ranks.add(line.rank)
-                if not oom_bar_done and b"Tried to allocate" in raw:
+                if not oom_bar_done and (b"ut of memory" in raw or b"UT OF MEMORY" in raw) \
+                        and parse_oom_message(line.text) is not None:
+                    # every OOM form (bare lines too) takes the bar and the records before it;
+                    # records after the OOM line (a rerun) never count
                     oom_bar_done = True
                     bar = _last_training_bar(view, seg.start)
                     if bar is not None:
                         collector.set_progress(*bar)
-                    if has_records:  # how many records came before the OOM line
-                        collector.records_before_oom = records_before + _records_before_line(block, lineno - base)
+                    collector.records_before_oom = records_before + (
+                        _records_before_line(block, lineno - base) if has_records else 0)
                 collector.feed(line)
                 _match_line(line, matcher, rules, states)
             base += count + view.count(b"\n", pos)
@@ -233,7 +238,20 @@ _DICT_START = b"{'loss': "
 
 def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
     """The `{'loss': ...}` dicts of a block (METRIC_DICT_RE groups, in order) and, when `cut`,
-    the block without them. bytes.find (fast) finds each start; the regex only checks the dict."""
+    the block without them. One `re.split` (C) finds every dict and cuts it out in the same pass;
+    when some `{'loss': ` start is not a plain one-line dict (the split then sees fewer dicts than
+    starts), the slower walk below decides each start exactly as METRIC_DICT_RE.match does."""
+    parts = PY_METRIC_DICT_RE.split(block)  # no dict starts before pos
+    n = (len(parts) - 1) // 5
+    if n == block.count(_DICT_START, pos):
+        # split yields [text, g1, g2, g3, g4, text, ...]; the JSON body group is absent (None)
+        records = list(zip(parts[1::5], parts[2::5], parts[3::5], parts[4::5], itertools.repeat(None, n)))
+        return records, (b"".join(parts[::5]) if cut and n else block)
+    return _split_metric_dicts_slow(block, pos, cut)
+
+
+def _split_metric_dicts_slow(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
+    """_split_metric_dicts for odd blocks: bytes.find finds each start; the regex checks it."""
     records: list = []
     pieces: list = []
     find = block.find

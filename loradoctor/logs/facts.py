@@ -42,6 +42,16 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("return code", True), ("SIGKILL", False), ("Code 43", False),
     ("ERROR", False), ("FAIL", False), ("Fatal", False), ("FATAL", False), ("Segmentation fault", False),
     ("Aborted", False), ("core dumped", False),
+    # source lines under traceback frames that hint at loading (`model = model.to(self.device)`)
+    (".to(", False), (".cuda(", False),
+    # rich traceback box lines (a frame wrapped onto two of them)
+    ("│", False),
+    # the second half of an OOM message wrapped by a terminal or notebook, and the figure lines of
+    # `Allocation on device 0 would exceed allowed memory`
+    ("PyTorch", False), ("GiB", False), ("MiB", False), ("Currently allocated", False), ("Requested", False),
+    ("Device limit", False), ("Free (according", False),
+    # world size for dist.silent_ranks, pnputil's Code 43
+    ("nranks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False), ("Problem Code", False),
 )
 
 _SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
@@ -86,9 +96,9 @@ class OomMessage:
         return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
 # "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
-_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
 _OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
 _OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
@@ -98,16 +108,51 @@ _OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
 _OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
 _OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+# Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
+# 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
+_OOM_MPS_RE = re.compile(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
+                         + r", max allowed: " + _SIZE + r"\)\.?(?:\s*Tried to allocate " + _SIZE + r")?")
+# the memory-fraction form: `Allocation on device 0 would exceed allowed memory. (out of memory)`,
+# then one figure a line (`Currently allocated     : 5.17 GiB`, `Requested : 20.00 MiB`, ...)
+_OOM_FRACTION_RE = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+_OOM_FIGURE_RE = re.compile(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
+                            r"(?: \([^)]*\))?)\s*:\s*" + _SIZE)
+_FIGURE_FIELDS = {"Currently allocated": "allocated_bytes", "Requested": "requested_bytes",
+                  "Device limit": "total_bytes", "Free (according to CUDA)": "free_bytes", "PyTorch limit": "allowed_bytes"}
+
+
+def _mps_size(text: Optional[str]) -> Optional[int]:
+    """MPS messages print GiB/MiB as `GB`/`MB` (PyTorch's 1024-based format_size)."""
+    if text and text.rstrip().endswith(("GB", "MB", "KB")) and "i" not in text:
+        text = text.rstrip()[:-2] + text.rstrip()[-2] + "iB"
+    return _size(text)
 
 
 def parse_oom_message(text: str) -> Optional[OomMessage]:
     """Parse a PyTorch out-of-memory message of any generation (shared/reference/pytorch.md §1):
     G1/G2 `(GPU 0; T total capacity; A already allocated; F free; R reserved in total by PyTorch)`,
-    G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, and the
-    device-generic `Out of memory. Tried to allocate`, and a bare `CUDA out of memory.` without numbers
-    (era `bare`). Returns None when the text is no OOM message."""
+    G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, ROCm's
+    `HIP out of memory` (same numbers), the device-generic `Out of memory. Tried to allocate`, Apple's
+    `MPS backend out of memory (...)` (era `mps`), the memory-fraction form `Allocation on device N
+    would exceed allowed memory. (out of memory)` with its figures joined after it (era `fraction`),
+    and a bare `CUDA out of memory.` without numbers (era `bare`). Returns None when the text is no
+    OOM message."""
     m = _OOM_HEAD_RE.search(text)
     if not m:
+        mps = _OOM_MPS_RE.search(text)
+        if mps:
+            return _drop_implausible(OomMessage(
+                era="mps", allocated_bytes=_mps_size(mps.group(1)), non_pytorch_bytes=_mps_size(mps.group(2)),
+                allowed_bytes=_mps_size(mps.group(3)), requested_bytes=_mps_size(mps.group(4))))
+        frac = _OOM_FRACTION_RE.search(text)
+        if frac:
+            msg = OomMessage(era="fraction", device_index=int(frac.group(1)))
+            for f in _OOM_FIGURE_RE.finditer(text, frac.end()):
+                label = f.group(1).split(" (")[0] if f.group(1).startswith("PyTorch") else f.group(1)
+                name = _FIGURE_FIELDS[label]
+                if getattr(msg, name) is None:
+                    setattr(msg, name, _size(f.group(2)))
+            return _drop_implausible(msg)
         bare = _OOM_BARE_RE.search(text)
         return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
@@ -165,6 +210,10 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     msg = _drop_implausible(msg)
     if msg.allocated_bytes is not None and msg.reserved_unallocated_bytes is not None:
         msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes + (msg.private_pool_bytes or 0)
+    if msg.this_process_bytes is not None and msg.reserved_bytes is not None and msg.this_process_bytes < msg.reserved_bytes:
+        # vLLM workers and containers print `this process has 0 bytes memory in use`: the process
+        # holds at least what PyTorch reserved, so the figure is not usable
+        msg.this_process_bytes = None
     if msg.this_process_bytes is not None:
         if None not in (msg.total_bytes, msg.free_bytes):
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
@@ -366,6 +415,8 @@ _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _RICH_FRAME_RE = re.compile(r"^(\S+\.py):(\d+) in (\S+)\s*$")
 _IPYTHON_FRAME_RE = re.compile(r"^File (\S+?):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\(")
 _OLD_IPYTHON_FRAME_RE = re.compile(r"^(\S+\.py) in ()([\w<>]+)\(")
+_RICH_WRAPPED_HEAD_RE = re.compile(r"^(\S+\.py):$")
+_RICH_WRAPPED_TAIL_RE = re.compile(r"^(\d+) in (\S+)$")
 _EXC_RE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
 
 _LOCATIONS = (  # checked in this order: the more specific phase wins
@@ -379,20 +430,35 @@ _LOCATIONS = (  # checked in this order: the more specific phase wins
     ("backward", {"backward", "_engine_run_backward", "run_backward"}),
     ("forward", {"forward", "_call_impl", "_wrapped_call_impl", "compute_loss", "training_step"}),
 )
-_TRAIN_FRAMES = {"train", "_inner_training_loop", "training_step", "train_step"}
+# frames that show a training step is under way; a bare `train` is not one (kohya's `train`
+# function loads the model too)
+_STEP_FRAMES = {"_inner_training_loop", "training_step", "train_step", "compute_loss", "forward", "backward",
+                "_engine_run_backward", "optimizer_step", "_call_impl", "_wrapped_call_impl"}
+_SPECIFIC = ("load", "save", "eval", "generate")
+_MOVE_FRAMES = {"to", "cuda", "_apply"}
+_LOAD_SOURCE_RE = re.compile(r"(?:model|net|unet|transformer|encoder|vae|module)\w*\s*\.\s*(?:to|cuda)\(|\.cuda\(\)", re.I)
 
 
-def location_from_frames(frames: list[tuple[str, str]]) -> Optional[str]:
+def location_from_frames(frames: list[tuple[str, str]], sources: Iterable[str] = ()) -> Optional[str]:
     """Phase from (file, function) frames, outermost first: load / save / eval / generate /
-    optimizer / backward / forward, or None."""
+    optimizer / backward / forward, or None. Load/save/eval/generate come from the innermost frame
+    that names one of them (closest to the exception); a `.to`/`.cuda` frame, or a source line such
+    as `model = model.to(self.device)`, means load when no training-step frame is in the traceback
+    (a user function named `train` does not count); then optimizer, backward, forward."""
+    names = dict(_LOCATIONS)
+    for _, fn in reversed(frames):
+        for phase in _SPECIFIC:
+            if fn in names[phase]:
+                return phase
     funcs = {fn for _, fn in frames}
-    for phase, names in _LOCATIONS:
-        if funcs & names:
-            return phase
-        if phase == "load" and ("to" in funcs or "cuda" in funcs) and not funcs & _TRAIN_FRAMES:
+    if not funcs & _STEP_FRAMES:
+        if funcs & _MOVE_FRAMES or any(_LOAD_SOURCE_RE.search(src) for src in sources):
             return "load"
-        if phase == "optimizer" and any(fn == "step" and "optim" in path for path, fn in frames):
-            return "optimizer"
+    if any(fn == "step" and "optim" in path for path, fn in frames) or "optimizer_step" in funcs:
+        return "optimizer"
+    for phase in ("backward", "forward"):
+        if funcs & names[phase]:
+            return phase
     return None
 
 
@@ -588,6 +654,64 @@ def _int(text: str) -> Optional[int]:
 
 
 # ---------------------------------------------------------------------------------------------
+# wrapped OOM messages
+
+_SENTENCE_END = (".", ")", "!", "PYTORCH_CUDA_ALLOC_CONF")
+_OOM_PIECES = ("Tried to allocate", "GPU ", "Of the allocated", "Including non-PyTorch", "Process ", "If reserved",
+               "See documentation", "this process", "Currently allocated", "Requested", "Device limit",
+               "Free (according", "PyTorch limit")
+_OOM_WORDS = ("PyTorch", "GiB", "MiB", "allocat", "reserved", "capacity", "memory", "free")
+_HEADERLESS_GAP = 60  # lines after the last frame of a traceback without header that still belong to it
+
+
+# Message forms whose numbers parse_oom_message reads but the collector does not publish yet: the
+# rules (rules/oom.yaml) still treat ROCm/MPS/memory-fraction OOMs as numberless
+# (oom-capacity-no-numbers) and their numbered rules match only `CUDA out of memory. Tried`. Empty
+# this set once the rules read these forms.
+HELD_BACK_OOM_FORMS: frozenset[str] = frozenset({"HIP", "mps", "fraction"})
+
+
+def _held_back(msg: OomMessage, text: str) -> bool:
+    form = "HIP" if "HIP out of memory" in text else msg.era
+    return form in HELD_BACK_OOM_FORMS
+
+
+def _oom_finished(text: str) -> bool:
+    """True when an OOM message ends its sentence; the fraction form always takes figure lines."""
+    if _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
+        return False
+    return text.rstrip().endswith(_SENTENCE_END) and not text.rstrip().endswith("out of memory.")
+
+
+def _continues_oom(pending: dict, line: Any) -> bool:
+    """The line right after a pending OOM line that starts mid-sentence (terminal or notebook wrap)."""
+    if line.file != pending["file"] or line.lineno != pending["lineno"] + 1 or line.timestamp is not None:
+        return False
+    text = line.text
+    if not text or text.startswith(("Traceback", "File ", "[", "{", "During handling", "The above")):
+        return False
+    if text.startswith(_OOM_PIECES):
+        return True
+    if pending["text"].rstrip().endswith(_SENTENCE_END) or _EXC_RE.match(text):
+        return False  # a finished message: only its known next sentences follow
+    return text[:1].islower() or any(w in text for w in _OOM_WORDS)
+
+
+def _join_wrapped(first: str, second: str) -> str:
+    """Join a wrapped message: with or without a space, whichever reads more OOM numbers
+    (`allocated by P` + `yTorch` joins tight; `allocated by` + `PyTorch` needs the space)."""
+    tight, spaced = first + second, first.rstrip() + " " + second
+    if first.rstrip().endswith((".", ",", ";", ":", ")")):
+        return spaced
+
+    def numbers(text: str) -> int:
+        msg = parse_oom_message(text)
+        return 0 if msg is None else sum(v is not None for v in asdict(msg).values())
+
+    return tight if numbers(tight) > numbers(spaced) else spaced
+
+
+# ---------------------------------------------------------------------------------------------
 # the collector
 
 MAX_GROUP_EVIDENCE = 6
@@ -628,6 +752,8 @@ class FactCollector:
         self.error_tail: deque = deque(maxlen=10)
         # oom
         self._oom_count = 0
+        self._oom_numbered = False  # the numbers of a numbered message are in
+        self._oom_pending: Optional[dict] = None  # an OOM line whose sentence may go on next line
         # memsum
         self._memsum_lines: Optional[list[str]] = None
         self._memsum_start = 0
@@ -657,6 +783,11 @@ class FactCollector:
         # trace
         self._in_trace = False
         self._frames: list[tuple[str, str]] = []
+        self._sources: list[str] = []  # source lines shown under the frames (load hints)
+        self._headerless = False  # frames seen without `Traceback (most recent call last):`
+        self._last_frame_lineno = 0
+        self._rich_path: Optional[tuple[str, int]] = None  # a rich frame wrapped after `path.py:`
+        self._oom_trace_done = False  # trace.location was taken from the traceback ending the OOM
         self._trace_count = 0
         self._trace_start: Optional[Evidence] = None
         # dist
@@ -699,9 +830,9 @@ class FactCollector:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
                     and ("{" in text or "=" in text or ":" in text):
                 self._metrics(line)
-        if "ut of memory" in text or "UT OF MEMORY" in text:
-            self._oom(line)
-        if "Traceback" in text or self._in_trace:
+        if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
+            self._oom_feed(line)
+        if "Traceback" in text or self._in_trace or 'File "' in text:
             self._trace(line)
         elif _EXC_RE.match(text):
             self._trace(line)
@@ -742,19 +873,67 @@ class FactCollector:
         self.progress = (n, total)
 
     # groups -----------------------------------------------------------------------------------
-    def _oom(self, line: Any) -> None:
-        msg = parse_oom_message(line.text)
+    def _oom_feed(self, line: Any) -> None:
+        """OOM lines, and the lines that continue a wrapped one (joined before parsing)."""
+        pending = self._oom_pending
+        if pending is not None:
+            if _continues_oom(pending, line):
+                pending["text"] = _join_wrapped(pending["text"], line.text)
+                pending["joins"] += 1
+                if pending["joins"] < 8 and not _oom_finished(pending["text"]):
+                    pending["lineno"] = line.lineno
+                    return
+                self._oom_pending = None
+                self._oom_parse(pending)
+                return
+            self._oom_pending = None
+            self._oom_parse(pending)
+        if "ut of memory" not in line.text and "UT OF MEMORY" not in line.text:
+            return
+        if parse_oom_message(line.text) is None:
+            return
+        phase = self._current_phase(line)
+        item = {"line": line, "text": line.text, "lineno": line.lineno, "file": line.file, "joins": 0,
+                "phase": phase}
+        if _oom_finished(line.text):
+            self._oom_parse(item)
+        else:
+            self._oom_pending = item  # the next line may carry the rest of the message
+
+    def _current_phase(self, line: Any) -> Optional[str]:
+        """The phase of the traceback this line ends (or sits in), from its frames so far."""
+        if not self._frames or not self._in_trace:
+            return None
+        if self._headerless and line.lineno - self._last_frame_lineno > _HEADERLESS_GAP:
+            return None
+        return location_from_frames(self._frames, self._sources)
+
+    def _oom_parse(self, item: dict) -> None:
+        msg = parse_oom_message(item["text"])
         if msg is None:
             return
+        line = item["line"]
         self._oom_count += 1
         self._evidence("oom", line)
-        if self._oom_count > 1:
+        first = self._oom_count == 1
+        if first:
+            if item["phase"]:
+                self.values["oom.phase"] = item["phase"]
+            self._oom_step()
+        # the numbers describe the first message that has numbers: a bare warning (`CUDA out of
+        # memory on batch 311, skipping batch`) does not hide the full message after it
+        if self._oom_numbered:
             return
+        if msg.era == "bare" or _held_back(msg, item["text"]):
+            if first:
+                self.values["oom.era"] = msg.era
+            return
+        self._oom_numbered = True
         self.values.update(msg.facts())
-        if self._in_trace and self._frames:
-            phase = location_from_frames(self._frames)
-            if phase:
-                self.values["oom.phase"] = phase
+        if "oom.phase" not in self.values and item["phase"]:
+            self.values["oom.phase"] = item["phase"]
+
+    def _oom_step(self) -> None:
         if self.progress is not None:
             n, total = self.progress
             self.values["oom.step"] = n
@@ -768,23 +947,39 @@ class FactCollector:
     def _trace(self, line: Any) -> None:
         text = line.text
         if "Traceback (most recent call last)" in text:
-            self._in_trace = True
-            self._frames = []
-            if self._trace_count == 0:
-                self._trace_start = Evidence(file=line.file, line=line.lineno, text=line.quote())
+            self._open_trace(line, headerless=False)
             return
         if not self._in_trace:
+            # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header
+            if _FRAME_RE.search(text):
+                self._open_trace(line, headerless=True)
+            else:
+                return
+        elif self._headerless and line.lineno - self._last_frame_lineno > _HEADERLESS_GAP:
+            self._in_trace = False
             return
         m = _FRAME_RE.search(text) or _RICH_FRAME_RE.match(text) or _IPYTHON_FRAME_RE.match(text) \
             or _OLD_IPYTHON_FRAME_RE.match(text)
+        if m is None and self._rich_path is not None and line.lineno == self._rich_path[1] + 1:
+            # rich wraps `path.py:698 in func` onto two box lines: `path.py:` then `698 in func`
+            w = _RICH_WRAPPED_TAIL_RE.match(text)
+            if w:
+                self._add_frame(self._rich_path[0], w.group(2), line)
+                self._rich_path = None
+                return
+        self._rich_path = None
         if m:
-            if len(self._frames) < 200:
-                self._frames.append((m.group(1), m.group(3)))
+            self._add_frame(m.group(1), m.group(3), line)
+            return
+        w = _RICH_WRAPPED_HEAD_RE.match(text)
+        if w:
+            self._rich_path = (w.group(1), line.lineno)
             return
         e = _EXC_RE.match(text)
         if e and not text.startswith(("During handling", "The above exception")):
             self._trace_count += 1
             self._in_trace = False
+            loc = location_from_frames(self._frames, self._sources)
             if self._trace_count == 1:
                 if self._trace_start is not None:
                     self.groups.setdefault("trace", []).append(self._trace_start)
@@ -792,9 +987,33 @@ class FactCollector:
                 self.values["trace.exception"] = e.group(1)
                 if e.group(2):
                     self.values["trace.message"] = e.group(2)[:300]
-                loc = location_from_frames(self._frames)
                 if loc:
                     self.values["trace.location"] = loc
+            if not self._oom_trace_done and ("ut of memory" in text or "UT OF MEMORY" in text):
+                # the traceback that ends with the (first) OOM places it, not an unrelated earlier
+                # one (a caught flash-attn ImportError before a training OOM)
+                self._oom_trace_done = True
+                if loc:
+                    self.values["trace.location"] = loc
+                else:
+                    self.values.pop("trace.location", None)
+        elif self._frames and len(self._sources) < 200 and text and not text.startswith(("^", "~")):
+            self._sources.append(text)  # the source line under a frame
+
+    def _open_trace(self, line: Any, headerless: bool) -> None:
+        self._in_trace = True
+        self._headerless = headerless
+        self._frames = []
+        self._sources = []
+        self._rich_path = None
+        self._last_frame_lineno = line.lineno
+        if self._trace_count == 0:
+            self._trace_start = Evidence(file=line.file, line=line.lineno, text=line.quote())
+
+    def _add_frame(self, path: str, func: str, line: Any) -> None:
+        self._last_frame_lineno = line.lineno
+        if len(self._frames) < 200:
+            self._frames.append((path, func))
 
     def _memsum_open(self, line: Any) -> None:
         self._memsum_close()
@@ -1245,6 +1464,9 @@ class FactCollector:
 
     # finishing --------------------------------------------------------------------------------
     def finish(self) -> Facts:
+        if self._oom_pending is not None:
+            pending, self._oom_pending = self._oom_pending, None
+            self._oom_parse(pending)
         self._memsum_close()
         self._cf_close()
         v = self.values
