@@ -426,3 +426,168 @@ def test_vector_batch_equals_record_by_record():
         f, s = fast.finish(), slow.finish()
         assert f.flat() == s.flat() or str(f.flat()) == str(s.flat()), trial  # nan-safe comparison
         assert f.series == s.series, trial
+
+
+# --- misreadings of real logs (QA reproducers) ----------------------------------------------
+
+from loradoctor.logs.reader import make_line  # noqa: E402
+from loradoctor.units import parse_size  # noqa: E402
+
+
+def collect_raw(texts):
+    """Like collect, but through the reader's normalisation (rank prefixes, rich boxes)."""
+    c = FactCollector()
+    for i, t in enumerate(texts, 1):
+        c.feed(make_line(t.encode(), "t.log", i))
+    return c.finish()
+
+FULL_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.02 GiB. GPU 0 has a total capacity of "
+            "79.25 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.18 GiB memory in "
+            "use. Of the allocated memory 52.20 GiB is allocated by PyTorch, and 23.61 GiB is reserved by PyTorch "
+            "but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
+
+
+def test_bare_oom_warning_does_not_hide_the_numbered_message():
+    f = collect(["2024-05-01 10:00:00 | WARNING | CUDA out of memory on batch 311, skipping batch",
+                 "Traceback (most recent call last):", FULL_OOM]).flat()
+    assert f["oom.count"] == 2 and f["oom.era"] == "G4"
+    assert f["oom.requested_bytes"] == parse_size("3.02 GiB") and f["oom.allocated_bytes"] == parse_size("52.20 GiB")
+    assert f["oom.reserved_unallocated_bytes"] == parse_size("23.61 GiB")
+
+
+def test_only_the_first_numbered_message_gives_the_numbers():
+    f = collect([FULL_OOM, G1]).flat()
+    assert f["oom.count"] == 2 and f["oom.requested_bytes"] == parse_size("3.02 GiB")
+
+
+def test_headerless_rank_tail_gives_the_phase():
+    f = collect_raw([
+        '[rank2]:   File "/w/train.py", line 40, in <module>',
+        '[rank2]:   File "/venv/transformers/modeling_utils.py", line 4214, in _load_pretrained_model',
+        "[rank2]:     error_msgs += _load_state_dict_into_meta_model(",
+        '[rank2]:   File "/venv/transformers/modeling_utils.py", line 887, in _load_state_dict_into_meta_model',
+        "[rank2]: " + FULL_OOM,
+    ]).flat()
+    assert f["oom.phase"] == "load" and f["trace.location"] == "load"
+
+
+@pytest.mark.parametrize("frames,sources,phase", [
+    # kohya: a user function named train loads the model with .to()
+    ([("train_network.py", "<module>"), ("train_network.py", "train"), ("train_network.py", "prepare_model"),
+      ("torch/nn/modules/module.py", "to"), ("torch/nn/modules/module.py", "_apply")], [], "load"),
+    # the OOM raised right in the user's line: the source line is the hint
+    ([("train_network.py", "train"), ("train_network.py", "prepare_model")], ["model = model.to(self.device)"], "load"),
+    # moving a batch inside a training step is no load
+    ([("trainer.py", "train"), ("trainer.py", "training_step"), ("m.py", "to")], ["inputs = inputs.to(device)"],
+     "forward"),
+    # innermost named frame: an eval inside training, generate inside eval
+    ([("a.py", "train"), ("t.py", "evaluate"), ("t.py", "generate"), ("m.py", "forward")], [], "generate"),
+])
+def test_location_innermost_and_load_hints(frames, sources, phase):
+    assert location_from_frames(frames, sources) == phase
+
+
+def test_kohya_train_then_model_to_is_load():
+    f = collect([
+        "Traceback (most recent call last):",
+        '  File "/k/train_network.py", line 990, in <module>',
+        '  File "/k/train_network.py", line 351, in train',
+        '  File "/k/library/train_util.py", line 4120, in prepare_model',
+        "    model = model.to(self.device)",
+        '  File "/venv/torch/nn/modules/module.py", line 1152, in to',
+        FULL_OOM,
+    ]).flat()
+    assert f["oom.phase"] == "load"
+
+
+def test_oom_phase_and_location_come_from_the_oom_traceback():
+    f = collect([
+        "Traceback (most recent call last):",
+        '  File "/venv/transformers/modeling_utils.py", line 3500, in from_pretrained',
+        '  File "/venv/transformers/utils/import_utils.py", line 1500, in _get_module',
+        "ImportError: flash_attn is not installed",
+        "falling back to sdpa",
+        "Traceback (most recent call last):",
+        '  File "/w/train.py", line 80, in <module>',
+        '  File "/venv/transformers/trainer.py", line 1555, in train',
+        '  File "/venv/transformers/trainer.py", line 2300, in _inner_training_loop',
+        FULL_OOM,
+    ]).flat()
+    assert f["trace.exception"] == "ImportError"  # the first traceback still names the exception
+    assert "trace.location" not in f and "oom.phase" not in f  # not 'load' from the ImportError
+
+
+def test_rich_frame_wrapped_onto_two_box_lines():
+    f = collect_raw([
+        "╭───────────────────── Traceback (most recent call last) ──────────────────────╮",
+        "│ /usr/lib/python3.10/site-packages/transformers/modeling_utils.py:             │",
+        "│ 698 in _load_state_dict_into_meta_model                                       │",
+        "│                                                                               │",
+        "╰───────────────────────────────────────────────────────────────────────────────╯",
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+    ]).flat()
+    assert f["trace.location"] == "load" and f["oom.phase"] == "load"
+
+
+def test_wrapped_oom_message_is_joined():
+    f = collect([
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10"
+        " GiB of which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.58 GiB memory in use. Of t"
+        "he allocated memory 44.31 GiB is allocated by P",
+        "yTorch, and 31.92 GiB is reserved by PyTorch but unallocated.",
+    ]).flat()
+    assert f["oom.allocated_bytes"] == parse_size("44.31 GiB") and f["oom.reserved_unallocated_bytes"] == parse_size("31.92 GiB")
+    assert f["oom.count"] == 1
+
+
+def test_notebook_split_after_out_of_memory_is_joined():
+    f = collect([
+        "OutOfMemoryError: CUDA out of memory. ",
+        "Tried to allocate 1.02 GiB. GPU 0 has a total capacity of 14.75 GiB of which 1.01 GiB is free.",
+    ]).flat()
+    assert f["oom.requested_bytes"] == parse_size("1.02 GiB") and f["oom.total_bytes"] == parse_size("14.75 GiB")
+    assert f["oom.count"] == 1 and f["oom.era"] == "G4"
+
+
+def test_unrelated_line_after_an_unfinished_oom_is_not_joined():
+    f = collect(["CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 10.76 GiB total capacity",
+                 "{'loss': 1.0}"]).flat()
+    assert f["oom.count"] == 1 and f["oom.requested_bytes"] == 20 * MIB and "oom.total_bytes" not in f
+
+
+def test_hip_mps_and_fraction_forms():
+    hip = parse_oom_message("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 3.86 GiB. GPU 0 has a "
+                            "total capacity of 63.98 GiB of which 1.00 GiB is free. Of the allocated memory 50.00 GiB "
+                            "is allocated by PyTorch, and 2.00 GiB is reserved by PyTorch but unallocated.")
+    assert hip.requested_bytes == parse_size("3.86 GiB") and hip.total_bytes == parse_size("63.98 GiB")
+    assert hip.reserved_bytes == 52 * GIB
+    mps = parse_oom_message("RuntimeError: MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: "
+                            "1.22 GB, max allowed: 18.13 GB). Tried to allocate 256.00 MB on private pool.")
+    assert mps.era == "mps" and mps.requested_bytes == 256 * MIB
+    assert mps.allocated_bytes == parse_size("17.07 GiB") and mps.allowed_bytes == parse_size("18.13 GiB")
+    assert mps.non_pytorch_bytes == parse_size("1.22 GiB")
+    lines = ["RuntimeError: Allocation on device 0 would exceed allowed memory. (out of memory)",
+             "Currently allocated     : 5.17 GiB", "Requested               : 20.00 MiB",
+             "Device limit            : 6.00 GiB", "Free (according to CUDA): 0 bytes",
+             "PyTorch limit (set by user-supplied memory fraction)", "                        : 17179869184.00 GiB"]
+    frac = parse_oom_message(" ".join(lines))
+    assert frac.era == "fraction" and frac.device_index == 0 and frac.allocated_bytes == parse_size("5.17 GiB")
+    assert frac.requested_bytes == 20 * MIB and frac.total_bytes == 6 * GIB and frac.free_bytes == 0
+    assert frac.allowed_bytes is None  # 17179869184 GiB is garbage
+    # the collector joins the figure lines; it publishes their numbers once the rules read these forms
+    c = FactCollector()
+    for i, t in enumerate(lines, 1):
+        c.feed(line(t, i))
+    assert c._oom_pending is None or c._oom_pending["joins"] >= 4
+    f = c.finish().flat()
+    assert f["oom.count"] == 1 and f["oom.era"] == "fraction"
+
+
+def test_this_process_zero_bytes_is_dropped():
+    msg = parse_oom_message("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB. GPU 0 has a "
+                            "total capacity of 79.15 GiB of which 113.62 MiB is free. Including non-PyTorch memory, "
+                            "this process has 0 bytes memory in use. Of the allocated memory 60.00 GiB is allocated "
+                            "by PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated.")
+    assert msg.this_process_bytes is None and msg.other_unaccounted_bytes is None
+    assert msg.non_pytorch_bytes is None and msg.reserved_bytes == 61 * GIB

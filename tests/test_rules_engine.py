@@ -404,3 +404,32 @@ def test_older_trainer_dicts_without_grad_norm(tmp_path, tiny_rules):
     facts = explain_tiny(tiny_rules, write(tmp_path, "old.log", text)).facts
     assert facts["metrics.steps"] == 9 and facts["metrics.lr_max"] == pytest.approx(1.1644736842105263e-05)
     assert facts["metrics.grad_norm_nan_count"] == 1 and facts["metrics.first_nonfinite_index"] == 9
+
+
+# --- misreadings of real logs (QA reproducers) ----------------------------------------------
+
+BARE_OOM = "torch.OutOfMemoryError: CUDA out of memory."
+
+
+def test_bare_oom_step_counts_only_records_before_it(tmp_path, tiny_rules):
+    dicts = "".join(f"{{'loss': {2.0 - i / 10}, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.0{i}}}\n"
+                    for i in range(3))
+    rerun = "".join(f"{{'loss': {1.5 - i / 100}, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}}\n"
+                    for i in range(30))
+    bar = "  0%|          | 3/1000 [00:12<1:06:00,  4.00s/it]\n"
+    report = explain_tiny(tiny_rules, write(tmp_path, "x.log", dicts + bar + BARE_OOM + "\n" + rerun))
+    assert report.facts["oom.step"] == 3 and report.facts["oom.step_fraction"] == 0.003
+    assert report.facts["metrics.steps"] == 33
+
+
+def test_bare_oom_step_without_bar_counts_records_before(tmp_path, tiny_rules):
+    dicts = "".join(f"{{'loss': {2.0 - i / 10}, 'learning_rate': 1e-05}}\n" for i in range(3))
+    report = explain_tiny(tiny_rules, write(tmp_path, "x.log", dicts + BARE_OOM + "\n" + dicts * 10))
+    assert report.facts["oom.step"] == 3
+
+
+def test_bare_warning_then_numbered_oom_through_the_engine(tmp_path, tiny_rules):
+    text = ("2024-05-01 10:00:00 | WARNING | CUDA out of memory on batch 311, skipping batch\n"
+            "Traceback (most recent call last):\n" + FRAG_OOM + "\n")
+    report = explain_tiny(tiny_rules, write(tmp_path, "x.log", text))
+    assert report.facts["oom.count"] == 2 and report.facts["oom.reserved_unallocated_bytes"] > 9 << 30
