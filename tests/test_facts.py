@@ -591,3 +591,63 @@ def test_this_process_zero_bytes_is_dropped():
                             "by PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated.")
     assert msg.this_process_bytes is None and msg.other_unaccounted_bytes is None
     assert msg.non_pytorch_bytes is None and msg.reserved_bytes == 61 * GIB
+
+
+def test_loss_scale_with_negative_exponent():
+    f = collect(["Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 6.103515625e-05",
+                 "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1e-04, reducing to 3.0517578125e-05"]).flat()
+    assert f["metrics.overflow_skips"] == 2 and f["metrics.loss_scale_min"] == pytest.approx(3.0517578125e-05)
+
+
+@pytest.mark.parametrize("texts", [
+    ["[ 1234.5] NVRM: GPU at 0000:01:00.0 has fallen off the bus."],
+    ["NVRM: The NVIDIA GPU 0000:b3:00.0", "NVRM: (PCI ID: 10de:2335) installed in this system has",
+     "NVRM: fallen off the bus and is not responding to commands."],
+])
+def test_fell_off_bus_wordings(texts):
+    f = collect(texts).flat()
+    assert f["xid.fell_off_bus"] is True and "xid.count" not in f
+
+
+def test_code43_pnputil_shape():
+    f = collect(["Instance ID:                PCI\\VEN_10DE&DEV_2684", "Problem Code:               43 (0x2B) [CM_PROB_FAILED_POST_START]",
+                 "Problem Code:               0"]).flat()
+    assert f["code43.present"] is True
+    assert "code43.present" not in collect(["Problem Code:               430 (0x1AE)"]).flat()
+
+
+def test_mmcv_memory_and_loss():
+    texts = [f"2024-01-01 10:00:0{i},000 - mmdet - INFO - Epoch [1][{50 * (i + 1)}/1000]  lr: 1.000e-04, eta: 1:02:03, "
+             f"time: 0.812, data_time: 0.015, memory: {6814 + 100 * i}, loss_cls: 0.5, loss: {1.2345 - i / 100:.4f}"
+             for i in range(5)]
+    f = collect(texts).flat()
+    assert f["metrics.steps"] == 5 and f["metrics.first_loss"] == 1.2345
+    assert f["metrics.mem_first_bytes"] == 6814 * MIB and f["metrics.mem_last_bytes"] == 7214 * MIB
+    assert f["metrics.mem_rising_records"] == 4
+
+
+@pytest.mark.parametrize("bar,loss", [
+    ("Epoch 0:  62%|██▏ | 250/400 [01:02<00:37, 4.01it/s, loss=nan, v_num=3]", "nan"),
+    ("Epoch 1: 100%|██████████| 400/400 [01:40<00:00, 4.00it/s, v_num=3, train_loss=0.512]", 0.512),
+    ("steps:  10%|█         | 100/1000 [01:40<15:00,  1.00s/it, avr_loss=0.0912]", 0.0912),
+])
+def test_loss_in_tqdm_postfix(bar, loss):
+    f = collect_raw(["\r".join([bar.replace("nan", "0.9"), bar])]).flat()
+    assert f["metrics.steps"] == 1
+    if loss == "nan":
+        assert f["metrics.loss_nan_count"] == 1 and f["metrics.first_nonfinite_index"] == 1
+    else:
+        assert f["metrics.last_loss"] == loss
+    assert "metrics.steps" not in collect_raw(["  5%|▌    | 5/100 [00:01<00:19, 4.9it/s]"]).flat()
+
+
+def test_world_size_and_silent_ranks():
+    texts = ["[rank0]: NCCL INFO comm 0x5581 rank 0 nranks 4 cudaDev 0 busId 1000 - Init COMPLETE"]
+    texts += [f"[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: "
+              f"WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600036 milliseconds before timing out."
+              for r in (0, 1, 3)]
+    f = collect_raw(texts).flat()
+    assert f["dist.world_size"] == 4 and f["dist.silent_ranks"] == [2]
+    f = collect(["torchrun --nnodes=2 --nproc_per_node=4 train.py"]).flat()
+    assert f["dist.world_size"] == 8 and "dist.silent_ranks" not in f
+    assert collect(["export WORLD_SIZE=2"]).flat()["dist.world_size"] == 2

@@ -433,3 +433,11 @@ def test_bare_warning_then_numbered_oom_through_the_engine(tmp_path, tiny_rules)
             "Traceback (most recent call last):\n" + FRAG_OOM + "\n")
     report = explain_tiny(tiny_rules, write(tmp_path, "x.log", text))
     assert report.facts["oom.count"] == 2 and report.facts["oom.reserved_unallocated_bytes"] > 9 << 30
+
+
+def test_silent_ranks_from_rank_files(tmp_path, tiny_rules):
+    timeout = ("[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
+               "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600036 milliseconds before timing out.\n")
+    paths = [write(tmp_path, f"rank{r}.log", timeout.format(r=r) if r != 1 else "step 99\n") for r in range(3)]
+    report = explain_tiny(tiny_rules, *paths)
+    assert report.facts["dist.world_size"] == 3 and report.facts["dist.silent_ranks"] == [1]

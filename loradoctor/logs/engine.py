@@ -22,13 +22,15 @@ from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LI
                                    parse_oom_message)
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
-from loradoctor.logs.scan import Literal, Prefilter, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
 GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
+LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings)
+LINE_CACHE_MAX_CHARS = 2048
 FIRST_BLOCK_BYTES = 512 << 10  # a small first block: rules that match every metric line saturate early
 
 GROUP_NAMES = {
@@ -105,6 +107,7 @@ class Matcher:
         self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci]
         self.direct = targets
         self.active = set(keys)
+        self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
         self.prefilter = self._build(self.active)
 
     @staticmethod
@@ -200,6 +203,11 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 if cut:
                     view = rest_view
             segments = matcher.prefilter.candidates(view)
+            if matcher.prefilter.misses > REPLAN_MISSES:
+                # the anchors chosen at the start became common (the log changed shape): choose
+                # again from this block, for the blocks that follow
+                sample = PY_METRIC_DICT_RE.sub(b"", view[: 1 << 20])
+                matcher.prefilter.plan(sample)
             pos = 0
             count = 0
             for seg in segments:
@@ -300,20 +308,46 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[
 
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> None:
-    for kind, i, j in matcher.hits(line.text):
-        rule, state = rules[i], states[i]
+    """Try the line against the rules whose literals it holds. What a line's text does to the
+    rules (which targets, which pattern match) is remembered for repeated lines: a warning
+    printed every step then costs one dict lookup. Rule states only ever saturate (more
+    matches, require met, exclude seen), so a target skipped because its rule was saturated
+    never needs to be tried again."""
+    text = line.text
+    cache = matcher.line_cache
+    results = cache.get(text)
+    if results is None:
+        results = []
+        for kind, i, j in matcher.hits(text):
+            rule, state = rules[i], states[i]
+            if kind == "p":
+                if len(state.matches) >= MAX_MATCH_EVIDENCE:
+                    continue
+                m = None
+                for pattern in rule.compiled_patterns:
+                    m = pattern.search(text)
+                    if m:
+                        break
+                results.append((kind, i, j, m))
+            elif kind == "r":
+                if not state.required[j]:
+                    results.append((kind, i, j, rule.compiled_require[j].search(text)))
+            elif not state.excluded:
+                results.append((kind, i, j, rule.compiled_exclude[j].search(text)))
+        if len(text) <= LINE_CACHE_MAX_CHARS:
+            if len(cache) >= LINE_CACHE_ENTRIES:
+                cache.clear()
+            cache[text] = results
+    for kind, i, j, m in results:
+        if m is None:
+            continue
+        state = states[i]
         if kind == "p":
-            if len(state.matches) >= MAX_MATCH_EVIDENCE:
-                continue
-            for pattern in rule.compiled_patterns:
-                m = pattern.search(line.text)
-                if m:
-                    state.matches.append((line, m))
-                    break
+            if len(state.matches) < MAX_MATCH_EVIDENCE:
+                state.matches.append((line, m))
         elif kind == "r":
-            if not state.required[j] and rule.compiled_require[j].search(line.text):
-                state.required[j] = True
-        elif not state.excluded and rule.compiled_exclude[j].search(line.text):
+            state.required[j] = True
+        else:
             state.excluded = True
 
 
@@ -595,6 +629,13 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
             collector.ranks.add(item.rank)
     if collector.ranks:
         values["dist.ranks"] = sorted(collector.ranks)
+    rank_files = {item.rank for item in inputs if item.rank is not None}
+    if "dist.world_size" not in values and len(rank_files) >= 2:
+        # one file per rank: the files are the world (a rank without a file cannot be called silent)
+        values["dist.world_size"] = len(rank_files)
+        reported = set(values.get("dist.timeout_ranks", ()))
+        if reported and reported <= rank_files:
+            values["dist.silent_ranks"] = sorted(rank_files - reported)
     values["input.files"] = len(inputs)
     values["input.lines"] = sum(i.lines for i in inputs)
     values["input.bytes"] = sum(i.bytes for i in inputs)

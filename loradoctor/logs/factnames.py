@@ -31,6 +31,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     # dist
     "dist.child_failed", "dist.failed_rank", "dist.exit_code", "dist.signal", "dist.timeout_count",
     "dist.timeout_ranks", "dist.first_timeout_rank", "dist.timeout_ms", "dist.ranks", "dist.nccl_error_count",
+    "dist.world_size", "dist.silent_ranks",
     # killed
     "killed.oom_killer", "killed.pid", "killed.process", "killed.anon_rss_bytes", "killed.bare",
     "killed.exit_code",

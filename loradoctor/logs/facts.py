@@ -332,6 +332,27 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     return out or None
 
 
+_BAR_POSTFIX_RE = re.compile(r"\[[^\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
+_BAR_LOSS_KEYS = ("loss", "train_loss", "avr_loss", "avg_loss", "train/loss")
+
+
+def parse_bar_postfix(text: str) -> Optional[dict[str, Any]]:
+    """The postfix of a tqdm bar state (`... [01:02<00:37, 4.01it/s, loss=nan, v_num=3]`; Lightning's
+    `train_loss=`, kohya's `avr_loss=`) as a metric record whose `loss` is the first of those keys.
+    None when the bar carries no loss."""
+    m = _BAR_POSTFIX_RE.search(text)
+    if not m:
+        return None
+    record = parse_metric_record(m.group(1))
+    if not record:
+        return None
+    for key in _BAR_LOSS_KEYS:
+        if isinstance(record.get(key), float):
+            record["loss"] = record[key]
+            return record
+    return None
+
+
 def _metric_bytes(key: str, value: Any) -> Optional[int]:
     """A memory metric in bytes: unit from the value (`12.3G`) or the key (`(gib)`, `_mb`)."""
     unit = None
@@ -339,9 +360,12 @@ def _metric_bytes(key: str, value: Any) -> Optional[int]:
         value, unit = value
     if unit is None:
         m = _UNIT_IN_KEY_RE.search(key)
-        if not m:
+        if m:
+            unit = m.group(1)
+        elif key == "memory" and isinstance(value, float) and value.is_integer():
+            unit = "mib"  # mmcv/mmengine log `memory: 6814` (torch.cuda.max_memory_allocated() in MiB)
+        else:
             return None
-        unit = m.group(1)
     unit = unit.lower()
     if not unit.endswith("b"):
         unit += "ib"  # 12.3G in a progress bar means GiB
@@ -477,7 +501,11 @@ class XidEvent:
 
 _XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)[^)]*\):\s*(\d+)"
                      r"(?:,\s*pid=('<unknown>'|<unknown>|\d+))?(?:,\s*name=([^,]*))?(?:,\s*(.*))?")
-_BUS_RE = re.compile(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?).*fallen off the bus")
+_BUS_RE = re.compile(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at (?:PCI:)?)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
+                     r".*fallen off the bus")
+# the driver's three-line form: `NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:2335) installed
+# in this system has` / `NVRM: fallen off the bus and is not responding to commands.`
+_BUS_TAIL_RE = re.compile(r"NVRM:.*\bfallen off the bus")
 
 
 def parse_xid(text: str) -> Optional[XidEvent]:
@@ -496,6 +524,8 @@ def parse_xid(text: str) -> Optional[XidEvent]:
     b = _BUS_RE.search(text)
     if b:
         return XidEvent(xid=None, pci=b.group(1).lower(), text=text.strip(), fell_off_bus=True)
+    if _BUS_TAIL_RE.search(text):
+        return XidEvent(xid=None, text=text.strip(), fell_off_bus=True)
     return None
 
 
@@ -590,6 +620,21 @@ def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
                            ran_ms=int(r.group(1)) if r else None, op=o.group(1) if o else None)
 
 
+_NRANKS_RE = re.compile(r"\bnranks[ =:]\s*(\d+)")
+_WORLD_SIZE_RE = re.compile(r"\bWORLD_SIZE\s*[=:]\s*['\"]?(\d+)|\bworld_size\s*[=:]\s*(\d+)")
+_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
+_NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?!\s*:)")
+
+
+def silent_ranks(world_size: Optional[int], timeout_ranks: Iterable[int]) -> Optional[list[int]]:
+    """Ranks 0..world_size-1 that never reported a timeout while others did (the rank that hung
+    or died first); None when the world size or the timeout ranks are unknown."""
+    reported = set(timeout_ranks)
+    if not world_size or not reported or max(reported) >= world_size:
+        return None
+    return [r for r in range(world_size) if r not in reported]
+
+
 _NCCL_ERROR_RE = re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|"
                             r"ncclRemoteError|ncclInvalidArgument|unhandled system error|NCCL communicator was aborted")
 
@@ -637,11 +682,12 @@ def parse_exit_code(text: str) -> Optional[int]:
     return None
 
 
-_CODE43_RE = re.compile(r"\(?Code 43\)?")
+_CODE43_RE = re.compile(r"\(?Code 43\)?|Problem Code:\s*43\b")
 _DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]*?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
 _PEFT_RE = re.compile(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
-_APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*([\d.e+]+))?")
-_DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*([\d.e+]+))?")
+_FLOAT = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
+_APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
+_DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
 _ERRORISH_RE = re.compile(r"error|exception|traceback|fail|fatal|killed|abort|segmentation fault|core dumped|"
                           r"out of memory|nccl|xid", re.I)
 
@@ -797,6 +843,7 @@ class FactCollector:
         self._timeout_ranks: list[int] = []
         self._first_timeout: Optional[tuple] = None
         self._nccl_errors = 0
+        self._world: dict[str, int] = {}  # source (nranks, world_size, nproc, nnodes) -> largest value seen
         # xid
         self._xid_count = 0
         self._xid_numbers: list[int] = []
@@ -850,9 +897,11 @@ class FactCollector:
         if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
             self._nccl_errors += 1
             self._evidence("dist", line)
+        if "nranks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
+            self._world_size(text)
         if "ill" in text:
             self._killed(line)
-        if "Code 43" in text:
+        if "Code 43" in text or "Problem Code" in text:
             self._code43(line)
         if "trainable params" in text:
             m = _PEFT_RE.search(text)
@@ -1039,7 +1088,11 @@ class FactCollector:
         self._memsum_lines = None
 
     def _metrics(self, line: Any) -> None:
-        record = parse_metric_record(line.text)
+        text = line.text
+        if "%|" in text and ("it/s" in text or "s/it" in text):
+            record = parse_bar_postfix(text)
+        else:
+            record = parse_metric_record(text)
         if record:
             self._record(record, lambda: line)
 
@@ -1441,6 +1494,25 @@ class FactCollector:
         if t.timeout_ms is not None:
             self._set_first({"dist.timeout_ms": t.timeout_ms})
 
+    def _world_size(self, text: str) -> None:
+        for key, regex in (("nranks", _NRANKS_RE), ("world_size", _WORLD_SIZE_RE), ("nproc", _NPROC_RE),
+                           ("nnodes", _NNODES_RE)):
+            for m in regex.finditer(text):
+                value = int(next(g for g in m.groups() if g is not None))
+                if value > 0:
+                    self._world[key] = max(self._world.get(key, 0), value)
+
+    def world_size(self) -> Optional[int]:
+        """From NCCL's `nranks N`, else WORLD_SIZE / world_size=, else --nproc_per_node (times --nnodes)."""
+        w = self._world
+        if "nranks" in w:
+            return w["nranks"]
+        if "world_size" in w:
+            return w["world_size"]
+        if "nproc" in w:
+            return w["nproc"] * w.get("nnodes", 1)
+        return None
+
     def _killed(self, line: Any) -> None:
         text = line.text
         kill = parse_oom_killer(text)
@@ -1527,6 +1599,12 @@ class FactCollector:
             v["dist.timeout_ranks"] = sorted(self._timeout_ranks)
             if self._first_timeout is not None:
                 v["dist.first_timeout_rank"] = self._first_timeout[1]
+        world = self.world_size()
+        if world is not None:
+            v["dist.world_size"] = world
+            silent = silent_ranks(world, self._timeout_ranks) if self._timeouts else None
+            if silent is not None:
+                v["dist.silent_ranks"] = silent
         if self._nccl_errors:
             v["dist.nccl_error_count"] = self._nccl_errors
         if self.ranks:
