@@ -8,6 +8,7 @@ what makes a gigabyte of progress bars cheap.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import math
 import re
@@ -21,6 +22,7 @@ from loradoctor.logs import reader
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts,
                                    parse_oom_message)
 from loradoctor.logs.factnames import group_of
+from loradoctor.logs import rules as rules_mod
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
 
@@ -399,6 +401,7 @@ class _Candidate:
     earliest: tuple  # (time_s or None, input index, line)
     where: str
     groups: list[str]
+    values: dict = field(default_factory=dict)  # every fact, for explaining the condition
 
 
 def _earliest(keys: Iterable[tuple]) -> tuple:
@@ -460,7 +463,7 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         area=rule.cause.split(".", 1)[0],
     )
     return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,
-                      [group_of(n) for n in log_numbers + env_numbers])
+                      [group_of(n) for n in log_numbers + env_numbers], values)
 
 
 def _compare(a: _Candidate, b: _Candidate) -> int:
@@ -544,10 +547,54 @@ def _label(c: _Candidate) -> str:
     return f"#{c.finding.rank} ({c.rule.id})"
 
 
+MAX_WHY_PARTS = 3
+
+
+def _held_comparisons(node: ast.AST, negated: bool = False) -> Iterable[ast.Compare]:
+    """The comparisons of a `when`, in reading order, that are not under a `not` (a comparison
+    inside `not (...)` that holds is the part that did NOT make the rule fire)."""
+    if isinstance(node, ast.Compare):
+        if not negated:
+            yield node
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        negated = True
+    for child in ast.iter_child_nodes(node):
+        yield from _held_comparisons(child, negated)
+
+
 def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
-    if c.rule.condition is None:
+    """The parts of the rule's `when` that held and carry numbers, at most MAX_WHY_PARTS, then "…"
+    (a catch-all's condition is hundreds of words; listing all of it explains nothing)."""
+    cond = c.rule.condition
+    if cond is None:
         return ""
-    return c.rule.condition.describe(c.finding.facts if values is None else values)
+    vals = c.values if values is None else values
+    parts: list[str] = []
+    more = False
+    for node in _held_comparisons(cond.tree.body):
+        names = [rules_mod._dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+        if not any(isinstance(vals.get(n), (int, float)) and not isinstance(vals.get(n), bool) for n in names if n):
+            continue
+        try:
+            held = bool(cond._eval(node, vals))
+        except Exception:  # noqa: BLE001 - a part that cannot be shown is left out
+            held = False
+        if not held:
+            continue
+        try:
+            text = rules_mod.Condition(ast.unparse(node)).describe(vals)
+        except rules_mod.ConditionError:
+            continue
+        if text in parts:
+            continue
+        if len(parts) == MAX_WHY_PARTS:
+            more = True
+            break
+        parts.append(text)
+    if not parts:
+        return cond.describe(c.finding.facts) if len(cond.expr) <= 120 else ""
+    return "; ".join(parts) + ("; …" if more else "")
 
 
 def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Candidate]) -> str:
@@ -563,7 +610,8 @@ def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Cand
     basis = ""
     if c.numbers:
         names = ", ".join(GROUP_NAMES.get(g, g) for g in dict.fromkeys(c.groups))
-        basis = f"numbers in {names} ({_numbers_text(c)})"
+        shown = _numbers_text(c)
+        basis = f"numbers in {names}" + (f" ({shown})" if shown else "")
     if nxt is None:
         if total == 1:
             return "the only finding; " + (f"it rests on {basis}" if basis else "it rests on a keyword match only")
@@ -595,7 +643,8 @@ def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
     if b.rule.generic and not a.rule.generic:
         return f"a specific finding ranks above the generic catch-all {_label(b)}"
     if a.numbers and not b.numbers:
-        basis = basis or f"numbers ({_numbers_text(a)})"
+        shown = _numbers_text(a)
+        basis = basis or ("numbers" + (f" ({shown})" if shown else ""))
         return f"{basis} support this more than keyword-only finding {_label(b)}"
     if a.score > b.score:
         extra = f"; both rest on numbers" if a.numbers and b.numbers else ""

@@ -39,7 +39,13 @@ for _c in "\n\r":
     _FREQ[ord(_c)] = 1000  # never an anchor
 
 SAMPLE_BYTES = 256 << 10  # how much of an input's start sets the byte frequencies
-COMMON_BYTE_SHARE = 1 / 100  # a literal whose rarest byte is this common is searched on its own
+COMMON_BYTE_SHARE = 1 / 100  # no sample: a literal whose rarest byte is this common is searched on its own
+# with a sample: one NUL visit (a few us of Python) costs about as much as bytes.find over ~5 KiB,
+# so a byte commoner than about 1 in 4 KiB makes a worse anchor than the whole literal
+ANCHOR_MAX_SHARE = 1 / 4096
+VERDICT_CACHE_ENTRIES = 4096  # remembered segment verdicts (repeated warning lines are common)
+VERDICT_MAX_BYTES = 2048
+REPLAN_MISSES = 4096  # fresh segment checks per block beyond which the anchors are re-chosen
 
 
 @dataclass(frozen=True)
@@ -83,18 +89,25 @@ class Prefilter:
         self.plan(b"")
 
     def plan(self, sample: bytes) -> None:
-        """Choose, for each literal, its rarest byte in `sample` (the start of the input; a
-        built-in guess of byte frequencies when empty). All chosen bytes are found in ONE pass:
-        the block is translated so that exactly those bytes become NUL, then memchr walks the
-        NULs. A literal whose every byte is common in this input is searched on its own instead
-        (bytes.find of the whole literal, on a lower-cased copy when it ignores case)."""
+        """Choose, for each literal, its rarest byte in `sample` (the start of the input, ideally
+        without the metric dicts the engine cuts out; a built-in guess of byte frequencies when
+        empty). All chosen bytes are found in ONE pass: the block is translated so that exactly
+        those bytes become NUL, then memchr walks the NULs. Every NUL costs a few microseconds of
+        Python, while one bytes.find of a whole literal costs about as much as a NUL every few
+        KiB; so a literal whose rarest byte is commoner than that (`loss`, `torch`, `nan` in a
+        busy log) is searched on its own instead (bytes.find of the whole literal, on a
+        lower-cased copy when it ignores case)."""
         sample = sample[:SAMPLE_BYTES]
         singles = Counter(sample) if sample else None
+        # a NUL walk visits each *segment* holding an anchor byte once, so what matters is how
+        # many segments hold the byte: a letter that fills every warning line but never occurs
+        # in progress bars or metric dicts is a fine anchor. Counted per byte, capped (cheap).
+        segs = _segment_counts(sample, {b for d, _ in self._kept for b in d}) if sample else {}
 
         def freq(b: int) -> float:
             if singles is None:
                 return _FREQ[b] / 1000.0
-            return singles[b] / max(1, len(sample))
+            return segs.get(b, 0) / max(1, len(sample))
 
         anchor_bytes: set[int] = set()
         by_byte: dict[int, list[tuple[bytes, bool]]] = {}
@@ -108,7 +121,8 @@ class Prefilter:
                 return freq(b)
 
             best = min(data, key=weight)
-            if weight(best) > COMMON_BYTE_SHARE and len(data) >= 3:
+            limit = COMMON_BYTE_SHARE if singles is None else ANCHOR_MAX_SHARE
+            if weight(best) > limit and len(data) >= 3:
                 (self._alone_ci if ci else self._alone_cs).append(data)
                 continue
             c = chr(best)
@@ -122,6 +136,9 @@ class Prefilter:
         for b in anchor_bytes:
             table[b] = 0
         self._table = bytes(table) if anchor_bytes else None
+        self._verdicts: dict[bytes, bool] = {}  # segment bytes -> holds a literal (this plan)
+        self.misses = 0
+        self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
         self.anchor_bytes = bytes(sorted(anchor_bytes))
 
     @property
@@ -131,11 +148,15 @@ class Prefilter:
     def candidates(self, block: bytes, masked: Iterable[tuple[int, int]] = ()) -> list[Segment]:
         """Segments of `block` that contain a literal, in order, without duplicates. Anchor bytes
         inside the `masked` (start, end) spans are ignored (the engine masks metric dicts, which
-        it reads with its own regex, when no literal occurs in them)."""
+        it reads with its own regex, when no literal occurs in them). Afterwards `self.misses`
+        says how many segments had to be checked afresh: many more than REPLAN_MISSES means the
+        anchors chosen from the input's start have become common, and the caller should plan()
+        again on a sample of this block."""
         if not self._kept:
             return []
         found: dict[int, Segment] = {}
         size = len(block)
+        self.misses = 0
         if self._table is not None:
             mapped = block.translate(self._table)
             if masked:
@@ -145,35 +166,56 @@ class Prefilter:
                     buffer[start:end] = _ONES[:n] if n <= len(_ONES) else b"\1" * n
                 mapped = bytes(buffer)
             find = mapped.find
-            by_byte = self._by_byte
+            bfind, brfind = block.find, block.rfind
+            by_byte, drop = self._by_byte, self._drop
+            verdicts = self._verdicts
+            misses = 0
             pos = find(b"\0")
+            # inlined _segment: this loop runs once per anchor byte in the input
             while pos != -1:
-                seg = _segment(block, pos)
-                if seg.start not in found:
-                    # check the literals anchored on each anchor byte present in the segment
-                    text = block[seg.start:seg.end]
+                line_start = brfind(b"\n", 0, pos) + 1
+                cr = brfind(b"\r", line_start, pos)
+                start = cr + 1 if cr >= 0 else line_start
+                line_end = bfind(b"\n", pos)
+                if line_end < 0:
+                    line_end = size
+                end = bfind(b"\r", pos, line_end)
+                if end < 0:
+                    end = line_end
+                if start not in found:
+                    # one compiled alternation per case mode checks the whole segment (C speed);
+                    # walking its anchor bytes in Python cost more on long warning lines
+                    text = block[start:end]
+                    hit = verdicts.get(text)
+                    if hit is not None:  # a repeated line (warnings repeat verbatim): known
+                        if hit:
+                            found[start] = Segment(line_start, start, end, line_end)
+                        pos = find(b"\0", end) if end < size else -1
+                        continue
                     low = None
-                    q = pos
-                    seen: set[int] = set()
                     hit = False
-                    while q != -1 and not hit:
-                        b = block[q]
-                        if b not in seen:
-                            seen.add(b)
-                            for lit, ci in by_byte[b]:
-                                if ci:
-                                    if low is None:
-                                        low = text.lower()
-                                    if lit in low:
-                                        hit = True
-                                        break
-                                elif lit in text:
+                    # only the literals anchored on the anchor bytes this segment holds
+                    for b in set(text.translate(None, drop)):
+                        for lit, ci in by_byte[b]:
+                            if ci:
+                                if low is None:
+                                    low = text.lower()
+                                if lit in low:
                                     hit = True
                                     break
-                        q = find(b"\0", q + 1, seg.end)
-                    if hit:
-                        found[seg.start] = seg
-                pos = find(b"\0", seg.end) if seg.end < size else -1
+                            elif lit in text:
+                                hit = True
+                                break
+                        if hit:
+                            found[start] = Segment(line_start, start, end, line_end)
+                            break
+                    misses += 1
+                    if len(text) <= VERDICT_MAX_BYTES:
+                        if len(verdicts) >= VERDICT_CACHE_ENTRIES:
+                            verdicts.clear()  # the log changed shape: remember the new lines
+                        verdicts[text] = hit
+                pos = find(b"\0", end) if end < size else -1
+            self.misses = misses
         walks = [(block, lit) for lit in self._alone_cs]
         if self._alone_ci:
             low_block = block.lower()
@@ -193,6 +235,32 @@ class Prefilter:
         return any((d in low) if ci else (d in text) for d, ci in self._kept)
 
 _ONES = b"\1" * 4096
+
+
+def _segment_counts(sample: bytes, wanted: set[int]) -> dict[int, int]:
+    """For each byte in `wanted` (lower and upper case both counted separately): in how many
+    `\r`/`\n` segments of `sample` it occurs, counting at most ANCHOR_MAX_SHARE * len + 1 (past
+    that the byte is common anyway; the cap keeps this at a few ms)."""
+    cap = int(len(sample) * ANCHOR_MAX_SHARE) + 1
+    find = sample.find
+    out: dict[int, int] = {}
+    extra = {ord(chr(b).lower()) for b in wanted if b < 128} | {ord(chr(b).upper()) for b in wanted if b < 128}
+    for b in wanted | extra:
+        if b in (10, 13):
+            continue
+        needle = bytes((b,))
+        n = 0
+        pos = find(needle)
+        while pos != -1 and n < cap:
+            n += 1
+            nl = find(b"\n", pos)
+            cr = find(b"\r", pos, nl if nl >= 0 else len(sample))
+            end = cr if cr >= 0 else nl
+            if end < 0:
+                break
+            pos = find(needle, end)
+        out[b] = n
+    return out
 
 
 def _segment(block: bytes, pos: int) -> Segment:
