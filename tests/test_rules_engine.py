@@ -441,3 +441,36 @@ def test_silent_ranks_from_rank_files(tmp_path, tiny_rules):
     paths = [write(tmp_path, f"rank{r}.log", timeout.format(r=r) if r != 1 else "step 99\n") for r in range(3)]
     report = explain_tiny(tiny_rules, *paths)
     assert report.facts["dist.world_size"] == 3 and report.facts["dist.silent_ranks"] == [1]
+
+
+def test_why_rank_lists_only_held_numbered_parts(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    when = ("oom.requested_bytes >= 0 and oom.total_bytes > 1GiB and oom.free_bytes < oom.requested_bytes"
+            " and oom.allocated_bytes >= 1MiB and not (oom.reserved_unallocated_bytes >= 100GiB)"
+            " and (oom.other_process_bytes > 1GiB or oom.allocated_bytes < 1000GiB)"
+            " and not (metrics.mem_growth_ratio >= 1.25) and (oom.phase == 'forward' or not defined(oom.phase))")
+    (folder / "r.yaml").write_text("rules:\n" + GOOD_RULE.format(id="long-when") + f"    when: \"{when}\"\n")
+    rules = load_rules([folder], include_builtin=False)
+    report = explain([str(write(tmp_path, "x.log", FRAG_OOM + "\n"))], rules=rules)
+    why = report.findings[0].why_rank
+    assert why.count(";") == 4 and why.endswith("; …)")  # "the only finding; " + 3 parts + …
+    assert "requested_bytes 4.40 GiB >= 0" in why and "total_bytes 79.10 GiB > 1.00 GiB" in why
+    assert "other_process" not in why and "reserved_unallocated" not in why and "phase" not in why
+
+
+def test_unrecognised_tail_kept_when_only_info_findings(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "r.yaml").write_text("rules:\n" + GOOD_RULE.format(id="note-use-cache")
+                                   .replace("severity: error", "severity: info")
+                                   .replace("'CUDA out of memory'", "'use_cache=True` is incompatible'"))
+    rules = load_rules([folder], include_builtin=False)
+    trace = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 9, in <module>\n"
+             "KeyError: 'input_ids'\n")
+    note = "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`.\n"
+    with_note = explain([str(write(tmp_path, "a.log", note + trace))], rules=rules)
+    without = explain([str(write(tmp_path, "b.log", trace))], rules=rules)
+    assert [f.severity for f in with_note.findings] == ["info"] and without.findings == []
+    assert [e.text for e in with_note.unrecognised_tail] == [e.text for e in without.unrecognised_tail]
+    assert with_note.unrecognised_tail[-1].text == "KeyError: 'input_ids'"

@@ -700,7 +700,10 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
         cands.append(_build_finding(rule, state, facts, values))
     ranked = rank_candidates(cands)
     findings = [c.finding for c in ranked]
-    tail = list(collector.error_tail) if not findings else []
+    # the last error-looking lines whenever nothing is a diagnosis (an info note such as the
+    # use_cache one does not explain a `KeyError: 'input_ids'` traceback)
+    diagnosed = any(f.severity in ("error", "warning") for f in findings)
+    tail = list(collector.error_tail) if not diagnosed else []
     return ExplainReport(inputs=[i.to_dict() for i in inputs], findings=findings, unrecognised_tail=tail,
                          facts=dict(values), series=facts.series, rules_checked=len(rules),
                          elapsed_s=time.perf_counter() - started)
