@@ -8,8 +8,10 @@ The log is written to benchmarks/out/ (git-ignored): Trainer dict lines, tqdm ba
 redraws, eval records, harmless warnings, NCCL INFO lines, and a CUDA OOM traceback near the end.
 loradoctor runs as a child process, as a user runs it (`explain FILE --format json`); its peak RSS
 comes from os.wait4 on that child. grep runs once with the union of every rule pattern that GNU
-`grep -E` can express (`-f` with one pattern per line, LC_ALL=C); the script says which patterns it
-translated and which it skipped. Targets: within 2x of grep, peak RSS under 200 MB, OOM found.
+`grep -E` can express (`-f` with one pattern per line); the script says which patterns it
+translated and which it skipped. Both run with LC_ALL=C, page cache warm, best of --runs (3) runs;
+the ratio is by CPU time (user+sys of the child, steadier than wall time on a shared machine) and
+wall time is printed too. Targets: within 2x of grep, peak RSS under 200 MB, OOM found.
 Nothing here is asserted in the test suite (timings vary by machine).
 """
 
@@ -28,7 +30,7 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "benchmarks" / "out"
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3  # 3: the bar total fits the log (v2 ran past 100% with negative ETAs)
 TARGET_RATIO = 2.0
 TARGET_RSS_BYTES = 200 * 1000 * 1000
 
@@ -126,7 +128,9 @@ def make_log(size_bytes: int, out_dir: Path) -> Path:
         return path
     rng = random.Random(1234)
     steps_per_block = 2000
-    total_steps = max(steps_per_block, size_bytes // 280)  # about 300 bytes of log per step
+    # size the run so that the bar ends near 100% at the end of the file, as a real run does
+    trial = len(_steps_block(random.Random(1), 1, steps_per_block, 10 ** 6, redraws_per_step=3).encode())
+    total_steps = max(steps_per_block, int(size_bytes / (trial / steps_per_block)))
     head = (
         "Loading checkpoint shards: 100%|██████████| 4/4 [00:07<00:00,  1.81s/it]\n"
         "trainable params: 41,943,040 || all params: 8,072,204,288 || trainable%: 0.5196\n"
@@ -265,6 +269,14 @@ def grep_patterns(rules: list) -> tuple[list[str], list[tuple[str, str]], list[t
 # ---------------------------------------------------------------------------------------------- timing
 
 
+def best_of(runs: int, cmd: list[str], stdout_path: Path, env: dict) -> tuple[float, int, int, float, list[float]]:
+    """Run cmd `runs` times; (best wall s, exit code, peak RSS, best CPU s, every CPU s). Best of N,
+    because other work on a shared machine only ever adds time."""
+    results = [run_child(cmd, stdout_path, env) for _ in range(runs)]
+    return (min(r[0] for r in results), results[-1][1], max(r[2] for r in results), min(r[3] for r in results),
+            [r[3] for r in results])
+
+
 def run_child(cmd: list[str], stdout_path: Path, env: Optional[dict] = None) -> tuple[float, int, int, float]:
     """Run cmd; return (wall s, exit code, peak RSS bytes, CPU s (user + sys)) of that child, from wait4."""
     with open(stdout_path, "wb") as out:
@@ -285,6 +297,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(OUT_DIR), help="where to write the log (default benchmarks/out/)")
     ap.add_argument("--tmp", action="store_true", help="write the log to a temp dir and delete it afterwards")
     ap.add_argument("--profile", action="store_true", help="also run loradoctor under cProfile and print the top")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each side; the best counts (default 3)")
     args = ap.parse_args()
 
     from loradoctor.logs.rules import load_rules
@@ -316,24 +329,29 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ld-bench-"))
     pattern_file = work / "patterns.ere"
     pattern_file.write_text("\n".join(eres) + "\n", encoding="utf-8")
-    grep_env = dict(os.environ, LC_ALL="C")
-    grep_s, _, grep_rss, grep_cpu_s = run_child(["grep", "-E", "-c", "-f", str(pattern_file), str(log)], work / "grep.out", grep_env)
+    # the same locale for both sides: LC_ALL=C (grep's fast byte matching; Python reads bytes anyway)
+    env = dict(os.environ, LC_ALL="C", NO_COLOR="1")
+    runs = max(1, args.runs)
+    grep_cmd = ["grep", "-E", "-c", "-f", str(pattern_file), str(log)]
+    ld_cmd = [sys.executable, "-m", "loradoctor", "explain", str(log), "--format", "json"]
+    print(f"\nmeasuring: best of {runs} runs each, page cache warm, LC_ALL=C for both, CPU = user+sys of the "
+          f"child (os.wait4), peak RSS = the child's ru_maxrss; loradoctor's time includes start-up")
+    print(f"  grep:       {' '.join(grep_cmd)}")
+    print(f"  loradoctor: {' '.join(ld_cmd)}")
+    grep_s, _, grep_rss, grep_cpu_s, grep_all = best_of(runs, grep_cmd, work / "grep.out", env)
     grep_count = (work / "grep.out").read_text().strip()
-
-    ld_env = dict(os.environ, NO_COLOR="1")
-    ld_s, ld_rc, ld_rss, ld_cpu_s = run_child([sys.executable, "-m", "loradoctor", "explain", str(log), "--format", "json"],
-                                    work / "explain.json", ld_env)
+    ld_s, ld_rc, ld_rss, ld_cpu_s, ld_all = best_of(runs, ld_cmd, work / "explain.json", env)
     size_mb = log.stat().st_size / 1e6
     print()
-    print(f"grep -E -c (LC_ALL=C, {len(eres)} patterns): {grep_s:7.2f} s  ({size_mb / grep_s:7.1f} MB/s), "
-          f"CPU {grep_cpu_s:.2f} s, {grep_count} matching lines, peak RSS {format_bytes(grep_rss)}")
-    print(f"loradoctor explain --format json:       {ld_s:7.2f} s  ({size_mb / ld_s:7.1f} MB/s), "
-          f"CPU {ld_cpu_s:.2f} s, exit {ld_rc}, peak RSS {format_bytes(ld_rss)}")
+    print(f"grep -E -c ({len(eres)} patterns): wall {grep_s:6.2f} s ({size_mb / grep_s:6.1f} MB/s), CPU {grep_cpu_s:6.2f} s "
+          f"(runs: {', '.join(f'{x:.2f}' for x in grep_all)}), {grep_count} matching lines, peak RSS {format_bytes(grep_rss)}")
+    print(f"loradoctor explain:           wall {ld_s:6.2f} s ({size_mb / ld_s:6.1f} MB/s), CPU {ld_cpu_s:6.2f} s "
+          f"(runs: {', '.join(f'{x:.2f}' for x in ld_all)}), exit {ld_rc}, peak RSS {format_bytes(ld_rss)}")
     ratio = ld_s / grep_s if grep_s > 0 else float("inf")
     cpu_ratio = ld_cpu_s / grep_cpu_s if grep_cpu_s > 0 else float("inf")
-    print(f"ratio loradoctor / grep: {ratio:.2f}x wall, {cpu_ratio:.2f}x CPU (target <= {TARGET_RATIO:.0f}x): "
-          f"{'OK' if ratio <= TARGET_RATIO else 'OFF TARGET'}  (CPU time is the steadier number on a busy machine)")
-    print(f"peak RSS: {format_bytes(ld_rss)} (target < {TARGET_RSS_BYTES // 1000 // 1000} MB): "
+    print(f"RATIO loradoctor / grep: {cpu_ratio:.2f}x CPU, {ratio:.2f}x wall (target <= {TARGET_RATIO:.0f}x): "
+          f"{'OK' if cpu_ratio <= TARGET_RATIO else 'OFF TARGET'} by CPU time (the steadier number on a busy machine)")
+    print(f"PEAK RSS: {format_bytes(ld_rss)} (target < {TARGET_RSS_BYTES // 1000 // 1000} MB): "
           f"{'OK' if ld_rss < TARGET_RSS_BYTES else 'OFF TARGET'}")
 
     ok = True
@@ -355,7 +373,7 @@ def main() -> int:
         prof = work / "explain.prof"
         print("\nprofiling (cProfile, cumulative time, top 30):")
         subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "loradoctor", "explain", str(log),
-                        "--format", "json"], stdout=subprocess.DEVNULL, cwd=str(ROOT), env=ld_env)
+                        "--format", "json"], stdout=subprocess.DEVNULL, cwd=str(ROOT), env=env)
         import pstats
 
         stats = pstats.Stats(str(prof))

@@ -244,6 +244,10 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
 
 
 _DICT_START = b"{'loss': "
+# a plain one-line dict (PY_METRIC_DICT_RE's 4 groups) or, as group 5, any other `{'loss': ` start
+# (the shared literal prefix stays outside the alternation: the regex engine then skips to it fast)
+assert PY_METRIC_DICT_RE.pattern.startswith(rb"\{'loss': ")
+_SPLIT_RE = re.compile(rb"\{'loss': (?:" + PY_METRIC_DICT_RE.pattern[len(rb"\{'loss': "):] + rb"|())")
 
 
 def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
@@ -251,12 +255,13 @@ def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]
     the block without them. One `re.split` (C) finds every dict and cuts it out in the same pass;
     when some `{'loss': ` start is not a plain one-line dict (the split then sees fewer dicts than
     starts), the slower walk below decides each start exactly as METRIC_DICT_RE.match does."""
-    parts = PY_METRIC_DICT_RE.split(block)  # no dict starts before pos
-    n = (len(parts) - 1) // 5
-    if n == block.count(_DICT_START, pos):
-        # split yields [text, g1, g2, g3, g4, text, ...]; the JSON body group is absent (None)
-        records = list(zip(parts[1::5], parts[2::5], parts[3::5], parts[4::5], itertools.repeat(None, n)))
-        return records, (b"".join(parts[::5]) if cut and n else block)
+    parts = _SPLIT_RE.split(block)  # no dict starts before pos
+    n = (len(parts) - 1) // 6
+    # split yields [text, g1, g2, g3, g4, odd, text, ...]; `odd` is a start that is no plain dict
+    if n and parts[5::6].count(None) == n:
+        # the JSON body group is absent (None), as in METRIC_DICT_RE.match(...).groups()
+        records = list(zip(parts[1::6], parts[2::6], parts[3::6], parts[4::6], itertools.repeat(None, n)))
+        return records, (b"".join(parts[::6]) if cut else block)
     return _split_metric_dicts_slow(block, pos, cut)
 
 

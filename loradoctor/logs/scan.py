@@ -10,7 +10,6 @@ Literals made only of bytes that are common in the input are searched whole, one
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -98,14 +97,13 @@ class Prefilter:
         busy log) is searched on its own instead (bytes.find of the whole literal, on a
         lower-cased copy when it ignores case)."""
         sample = sample[:SAMPLE_BYTES]
-        singles = Counter(sample) if sample else None
         # a NUL walk visits each *segment* holding an anchor byte once, so what matters is how
         # many segments hold the byte: a letter that fills every warning line but never occurs
         # in progress bars or metric dicts is a fine anchor. Counted per byte, capped (cheap).
         segs = _segment_counts(sample, {b for d, _ in self._kept for b in d}) if sample else {}
 
         def freq(b: int) -> float:
-            if singles is None:
+            if not sample:
                 return _FREQ[b] / 1000.0
             return segs.get(b, 0) / max(1, len(sample))
 
@@ -121,7 +119,7 @@ class Prefilter:
                 return freq(b)
 
             best = min(data, key=weight)
-            limit = COMMON_BYTE_SHARE if singles is None else ANCHOR_MAX_SHARE
+            limit = ANCHOR_MAX_SHARE if sample else COMMON_BYTE_SHARE
             if weight(best) > limit and len(data) >= 3:
                 (self._alone_ci if ci else self._alone_cs).append(data)
                 continue
