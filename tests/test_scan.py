@@ -1,0 +1,76 @@
+"""The fast scanning path gives exactly what the plain definitions give (randomised)."""
+
+from __future__ import annotations
+
+import random
+
+from loradoctor.logs.engine import _DICT_START, _split_metric_dicts, _split_metric_dicts_slow
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter
+
+LITERALS = [Literal("Error"), Literal("NCCL"), Literal("killed", ignore_case=True), Literal("nan", ignore_case=True),
+            Literal("Tried to allocate"), Literal("-packages"), Literal("loss", ignore_case=True)]
+
+PIECES = [
+    " 42%|####      | 420/1000 [01:02<01:30,  2.01s/it]", " 43%|####      | 430/1000 [01:03<-1:29, 2.1s/it]",
+    "{'loss': 1.25, 'grad_norm': 0.4, 'learning_rate': 2e-05, 'epoch': 0.5}", "{'loss': nan}",
+    "RuntimeError: boom", "gpu0:1:1 [0] NCCL INFO ring", "KILLED by the kernel", "Kill-ed", "plain text",
+    "torch/site-packages/x.py:3: UserWarning", "CUDA out of memory. Tried to allocate 2.00 GiB", "", "NaN here",
+    "{'loss': 1, 'x': {'loss': 2}", "{'loss': \n1}", "junk {'loss': 1, \"loss\": 2}",
+]
+
+
+def _random_block(rng: random.Random) -> bytes:
+    out = []
+    for _ in range(rng.randint(1, 60)):
+        out.append(rng.choice(PIECES))
+        out.append(rng.choice(["\n", "\n", "\r", "\r\n"]))
+    return "".join(out).encode()
+
+
+def _brute_force(block: bytes) -> list[bytes]:
+    """Every \\r/\\n segment that holds a literal, in order."""
+    found = []
+    for line in block.split(b"\n"):
+        for seg in line.split(b"\r"):
+            low = seg.lower()
+            if any((lit.text.lower().encode() in low) if lit.ignore_case else (lit.text.encode() in seg)
+                   for lit in LITERALS):
+                found.append(seg)
+    return found
+
+
+def test_candidates_match_brute_force_whatever_the_plan():
+    rng = random.Random(7)
+    pre = Prefilter(LITERALS)
+    for round_no in range(400):
+        block = _random_block(rng)
+        if round_no % 7 == 0:  # a plan from an unrepresentative sample, or from this block
+            pre.plan(_random_block(rng) if round_no % 2 else block)
+        for _ in range(2):  # the second call answers from the verdict cache
+            segs = pre.candidates(block)
+            assert [block[s.start:s.end] for s in segs] == _brute_force(block)
+            assert all(block.rfind(b"\n", 0, s.start) + 1 == s.line_start for s in segs)
+
+
+def test_anchors_that_turn_common_are_reported_and_replanned():
+    # the start of the log has no minus signs; later every bar has a negative ETA
+    pre = Prefilter([Literal("-packages"), Literal("Error")])
+    pre.plan(b"".join(f"{i:3d}%|##| {i}/100 [00:01<00:02, 2.00s/it]\r".encode() for i in range(2000)))
+    later = b"".join(f"{i:3d}%|##| {i}/100 [00:01<-{i}:02, 2.00s/it]\r".encode() for i in range(REPLAN_MISSES + 500))
+    block = later + b"\nsite-packages/x.py Error\n"
+    assert [block[s.start:s.end] for s in pre.candidates(block)] == [b"site-packages/x.py Error"]
+    assert pre.misses > REPLAN_MISSES
+    pre.plan(block[:1 << 20])
+    assert [block[s.start:s.end] for s in pre.candidates(block)] == [b"site-packages/x.py Error"]
+    assert pre.misses < 10
+
+
+def test_split_metric_dicts_matches_the_record_by_record_walk():
+    rng = random.Random(3)
+    for _ in range(3000):
+        block = _random_block(rng)
+        pos = block.find(_DICT_START)
+        if pos < 0:
+            continue
+        for cut in (True, False):
+            assert _split_metric_dicts(block, pos, cut) == _split_metric_dicts_slow(block, pos, cut), block
