@@ -474,3 +474,41 @@ def test_unrecognised_tail_kept_when_only_info_findings(tmp_path):
     assert [f.severity for f in with_note.findings] == ["info"] and without.findings == []
     assert [e.text for e in with_note.unrecognised_tail] == [e.text for e in without.unrecognised_tail]
     assert with_note.unrecognised_tail[-1].text == "KeyError: 'input_ids'"
+
+
+def test_wrapped_and_headerless_shapes_reach_the_facts_through_the_scan(tmp_path, tiny_rules):
+    """The continuation and frame lines carry none of the old trigger words: the prefilter must
+    still hand them to the collector."""
+    text = "\n".join([
+        "step 1",
+        "╭───────────────────── Traceback (most recent call last) ──────────────────────╮",
+        "│ /usr/lib/python3.10/site-packages/transformers/modeling_utils.py:             │",
+        "│ 698 in _load_state_dict_into_meta_model                                       │",
+        "│                                                                               │",
+        "│   695 │   │   │   param = param.to(dtype)                                     │",
+        "╰───────────────────────────────────────────────────────────────────────────────╯",
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of"
+        " which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.58 GiB memory in use. Of the all"
+        "ocated memory 44.31 GiB is allocated by P",
+        "yTorch, and 31.92 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large",
+        "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+    ]) + "\n"
+    facts = explain_tiny(tiny_rules, write(tmp_path, "x.log", text)).facts
+    assert facts["oom.phase"] == "load" and facts["trace.location"] == "load"
+    assert facts["oom.reserved_unallocated_bytes"] == round(31.92 * (1 << 30))
+    assert facts["oom.hint"] == "expandable_segments"
+
+
+def test_kohya_model_to_through_the_scan(tmp_path, tiny_rules):
+    text = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "/k/train_network.py", line 990, in <module>',
+        "    trainer.train(args)",
+        '  File "/k/train_network.py", line 351, in train',
+        "    model = self.prepare_model(args)",
+        '  File "/k/library/train_util.py", line 4120, in prepare_model',
+        "    model = model.to(self.device)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+        "7.79 GiB of which 3.06 MiB is free.",
+    ]) + "\n"
+    assert explain_tiny(tiny_rules, write(tmp_path, "x.log", text)).facts["oom.phase"] == "load"

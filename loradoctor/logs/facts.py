@@ -48,7 +48,8 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("│", False),
     # the second half of an OOM message wrapped by a terminal or notebook, and the figure lines of
     # `Allocation on device 0 would exceed allowed memory`
-    ("PyTorch", False), ("GiB", False), ("MiB", False), ("Currently allocated", False), ("Requested", False),
+    ("PyTorch", False), ("GiB", False), ("MiB", False), ("ALLOC_CONF", False), ("Currently allocated", False),
+    ("Requested", False),
     ("Device limit", False), ("Free (according", False),
     # world size for dist.silent_ranks, pnputil's Code 43
     ("nranks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False), ("Problem Code", False),
@@ -460,7 +461,7 @@ _STEP_FRAMES = {"_inner_training_loop", "training_step", "train_step", "compute_
                 "_engine_run_backward", "optimizer_step", "_call_impl", "_wrapped_call_impl"}
 _SPECIFIC = ("load", "save", "eval", "generate")
 _MOVE_FRAMES = {"to", "cuda", "_apply"}
-_LOAD_SOURCE_RE = re.compile(r"(?:model|net|unet|transformer|encoder|vae|module)\w*\s*\.\s*(?:to|cuda)\(|\.cuda\(\)", re.I)
+_LOAD_SOURCE_RE = re.compile(r"(?:model|net|unet|transformer|encoder|vae|module|pipe)\w*\s*\.\s*(?:to|cuda)\(", re.I)
 
 
 def location_from_frames(frames: list[tuple[str, str]], sources: Iterable[str] = ()) -> Optional[str]:
@@ -733,6 +734,8 @@ def _continues_oom(pending: dict, line: Any) -> bool:
     """The line right after a pending OOM line that starts mid-sentence (terminal or notebook wrap)."""
     if line.file != pending["file"] or line.lineno != pending["lineno"] + 1 or line.timestamp is not None:
         return False
+    if line.rank is not None and line.rank != pending["line"].rank:
+        return False  # another rank's line interleaved
     text = line.text
     if not text or text.startswith(("Traceback", "File ", "[", "{", "During handling", "The above")):
         return False
