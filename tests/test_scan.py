@@ -74,3 +74,19 @@ def test_split_metric_dicts_matches_the_record_by_record_walk():
             continue
         for cut in (True, False):
             assert _split_metric_dicts(block, pos, cut) == _split_metric_dicts_slow(block, pos, cut), block
+
+
+def test_plain_file_blocks_end_at_newlines_with_long_lines(tmp_path):
+    from loradoctor.logs import reader
+
+    rng = random.Random(5)
+    lines = [b"x" * rng.choice([0, 5, 300, 5000, 70000, 200000]) for _ in range(200)]
+    data = b"\n".join(lines) + b"\ntail without newline"
+    path = tmp_path / "long.log"
+    path.write_bytes(data)
+    item = reader.resolve_inputs([str(path)])[0]
+    blocks = list(reader.iter_blocks(item, block_bytes=64 << 10, first_block_bytes=1000))
+    assert b"".join(blocks) == data
+    # every block but the last ends a line, unless a line was longer than two blocks
+    assert all(b.endswith(b"\n") or len(b) >= 2 * (64 << 10) for b in blocks[:-1])
+    assert item.bytes == len(data)

@@ -238,6 +238,20 @@ def open_input(item: Input) -> BinaryIO:
     return _wrap_decompress(raw, item.compressed)  # type: ignore[arg-type]
 
 
+PROBE_BYTES = 64 << 10  # how far past a block iter_blocks looks for the end of its last line
+
+
+def _plain_fileno(stream: BinaryIO, item: Input) -> Optional[int]:
+    """The file descriptor of an uncompressed regular file (pread works on it), else None."""
+    if item.source is None or item.compressed or not isinstance(stream, io.BufferedReader):
+        return None
+    try:
+        fileno = stream.fileno()
+        return fileno if stream.seekable() and os.path.isfile(item.source) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
@@ -251,10 +265,17 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
     first = True
     rest = b""
     read_bytes = 0
+    fileno = _plain_fileno(stream, item)
     try:
         while True:
             size = first_block_bytes if first and first_block_bytes else block_bytes
             try:
+                if fileno is not None and not first and decoder is None and not rest:
+                    # a plain file: peek (pread) where the line after `size` bytes ends and read
+                    # up to there in one call, so the block needs no second copy to finish it
+                    probe = os.pread(fileno, PROBE_BYTES, stream.tell() + size)
+                    nl = probe.find(b"\n")
+                    size += nl + 1 if nl >= 0 else len(probe)
                 chunk = stream.read(size)
             except (OSError, EOFError, lzma.LZMAError) as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
