@@ -642,7 +642,8 @@ def test_loss_in_tqdm_postfix(bar, loss):
 
 
 def test_world_size_and_silent_ranks():
-    texts = ["[rank0]: NCCL INFO comm 0x5581 rank 0 nranks 4 cudaDev 0 busId 1000 - Init COMPLETE"]
+    texts = ["[rank0]: NCCL INFO comm 0x5581 rank 0 nranks 4 cudaDev 0 busId 1000 - Init COMPLETE",
+             "[rank0]: NCCL INFO comm 0x5582 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"]
     texts += [f"[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective operation timeout: "
               f"WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600036 milliseconds before timing out."
               for r in (0, 1, 3)]

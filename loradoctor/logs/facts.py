@@ -52,7 +52,7 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("Requested", False),
     ("Device limit", False), ("Free (according", False),
     # world size for dist.silent_ranks, pnputil's Code 43
-    ("nranks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False), ("Problem Code", False),
+    ("nranks", False), ("nRanks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False), ("Problem Code", False),
 )
 
 _SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
@@ -621,7 +621,7 @@ def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
                            ran_ms=int(r.group(1)) if r else None, op=o.group(1) if o else None)
 
 
-_NRANKS_RE = re.compile(r"\bnranks[ =:]\s*(\d+)")
+_NRANKS_RE = re.compile(r"\bn[Rr]anks[ =:]\s*(\d+)")
 _WORLD_SIZE_RE = re.compile(r"\bWORLD_SIZE\s*[=:]\s*['\"]?(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
 _NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?!\s*:)")
@@ -900,7 +900,7 @@ class FactCollector:
         if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
             self._nccl_errors += 1
             self._evidence("dist", line)
-        if "nranks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
+        if "nranks" in text or "nRanks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
             self._world_size(text)
         if "ill" in text:
             self._killed(line)
