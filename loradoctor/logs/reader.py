@@ -470,6 +470,9 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
     return text, original, rank, stamp, time_s
 
 
+_NORMALISED: dict[str, tuple] = {}  # decoded line -> normalise(line); bounded, cleared when full
+
+
 def make_line(raw: bytes, file: str, lineno: int, default_rank: Optional[int] = None,
               focus: int = 0, input_index: int = 0) -> Line:
     """Decode (bad bytes replaced), truncate and normalise one raw line or `\\r` segment."""
@@ -477,7 +480,14 @@ def make_line(raw: bytes, file: str, lineno: int, default_rank: Optional[int] = 
         start = max(0, min(focus - MAX_LINE_CHARS // 2, len(raw) - MAX_LINE_CHARS))
         raw = raw[start:start + MAX_LINE_CHARS]
     decoded = raw.decode("utf-8", "replace")
-    text, original, rank, stamp, time_s = normalise(decoded)
+    cached = _NORMALISED.get(decoded)
+    if cached is None:
+        cached = normalise(decoded)  # a pure function of the line: repeated lines reuse it
+        if len(decoded) <= 2048:
+            if len(_NORMALISED) >= 4096:
+                _NORMALISED.clear()
+            _NORMALISED[decoded] = cached
+    text, original, rank, stamp, time_s = cached
     return Line(file=file, lineno=lineno, text=text, rank=rank if rank is not None else default_rank,
                 timestamp=stamp, time_s=time_s, raw=original, input_index=input_index)
 
