@@ -410,6 +410,7 @@ def test_vector_batch_equals_record_by_record():
 
     rng = random.Random(7)
     for trial in range(40):
+        quoted = trial % 2 == 1
         records = []
         for i in range(rng.randint(1, 300)):
             r = rng.random()
@@ -417,6 +418,8 @@ def test_vector_batch_equals_record_by_record():
                 f"{rng.choice([1.0, 1.00005, 1.0005, 1.5, 0.7]) if rng.random() < 0.5 else rng.random() * 3:.5f}"
             gn = "nan" if rng.random() < 0.05 else f"{rng.random() * 10:.3f}"
             lr = f"{rng.random() * 1e-4:.3e}"
+            if quoted and rng.random() < 0.7:  # some trainers log every value as a string
+                loss, gn, lr = f"'{loss}'", f"'{gn}'", f"'{lr}'"
             records.append((loss.encode(), gn.encode(), lr.encode(), b", 'epoch': 0.1", b""))
         fast, slow = FactCollector(block_metrics=True), FactCollector(block_metrics=True)
         cut = sorted(rng.sample(range(len(records) + 1), k=min(3, len(records) + 1)))
@@ -652,3 +655,36 @@ def test_world_size_and_silent_ranks():
     f = collect(["torchrun --nnodes=2 --nproc_per_node=4 train.py"]).flat()
     assert f["dist.world_size"] == 8 and "dist.silent_ranks" not in f
     assert collect(["export WORLD_SIZE=2"]).flat()["dist.world_size"] == 2
+
+
+# --- metric shapes without float dicts -------------------------------------------------------
+
+STRING_DICTS = ["{'loss': '1.853', 'grad_norm': '0.6612', 'learning_rate': '0.0002', 'epoch': '0.05'}",
+                "{'loss': '1.412', 'grad_norm': '0.5', 'learning_rate': '0.00019', 'epoch': '0.1'}",
+                "{'loss': 'nan', 'grad_norm': 'nan', 'learning_rate': '0.00018', 'epoch': '0.15'}"]
+FLOAT_DICTS = [t.replace("'", "").replace("{", "{'").replace(", ", ", '").replace(": ", "': ") for t in STRING_DICTS]
+
+
+def test_string_valued_dicts_parse_like_floats():
+    assert FLOAT_DICTS[0] == "{'loss': 1.853, 'grad_norm': 0.6612, 'learning_rate': 0.0002, 'epoch': 0.05}"
+    as_strings, as_floats = collect(STRING_DICTS).flat(), collect(FLOAT_DICTS).flat()
+    assert str(as_strings) == str(as_floats)
+    assert as_strings["metrics.steps"] == 3 and as_strings["metrics.loss_nan_count"] == 1
+    assert as_strings["metrics.first_loss"] == 1.853 and as_strings["metrics.lr_max"] == 0.0002
+    assert as_strings["metrics.grad_norm_nan_count"] == 1 and as_strings["metrics.first_nonfinite_index"] == 3
+
+
+def test_string_valued_dicts_in_the_bulk_path():
+    from loradoctor.logs.facts import METRIC_DICT_RE
+
+    def bulk(texts):
+        c = FactCollector(block_metrics=True)
+        c.feed_metric_batch(METRIC_DICT_RE.findall("\n".join(texts).encode()), lambda k: line(texts[k], k + 1))
+        return c.finish().flat()
+
+    assert str(bulk(STRING_DICTS)) == str(bulk(FLOAT_DICTS)) == str(collect(FLOAT_DICTS).flat())
+    json_text = ['{"loss": "2.5", "grad_norm": "nan", "learning_rate": "1e-4", "step": 5}']
+    c = FactCollector(block_metrics=True)
+    c.feed_metric_batch(METRIC_DICT_RE.findall(json_text[0].encode()), lambda k: line(json_text[0], 1))
+    f = c.finish().flat()
+    assert f["metrics.first_loss"] == 2.5 and f["metrics.grad_norm_nan_count"] == 1 and f["metrics.lr_max"] == 1e-4

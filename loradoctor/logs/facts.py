@@ -301,9 +301,27 @@ _PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,
                    rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^}\r\n]{0,4000})\}")
 PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
 METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
-_JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*(-?[0-9][0-9.eE+-]*|-?Infinity|NaN)')
+# values bare or quoted (`"loss": "1.85"`); a quoted number must end where its string ends
+_JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*"?(-?[0-9][0-9.eE+-]*|-?Infinity|NaN|nan)(?=[\s,}"\]]|$)')
 _DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
 _UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
+
+
+def _bfloat(text: bytes) -> float:
+    """float() of a metric value as printed, bare or quoted (`1.85`, `'1.85'`, `'nan'`: some
+    trainers log their values as strings); ValueError for anything else."""
+    try:
+        return float(text)
+    except ValueError:
+        return float(text.strip(b"'\" "))
+
+
+def _bfloats(texts: Iterable[bytes]) -> list:
+    """_bfloat over many values: the plain float() map first (C speed), quoted values after."""
+    try:
+        return list(map(float, texts))
+    except ValueError:
+        return list(map(_bfloat, texts))
 
 
 def _float(text: str) -> float:
@@ -1103,14 +1121,14 @@ class FactCollector:
         """Fast path for the engine: a Trainer dict `{'loss': <loss_text><rest>}` found in a raw
         block; `line_at()` builds its Line only when evidence needs it."""
         try:
-            loss = float(loss_text)
+            loss = _bfloat(loss_text)
         except ValueError:
             return
         record: dict[str, Any] = {"loss": loss}
         if rest:
             for key, value in _DICT_PAIR_RE.findall(rest):
                 try:
-                    parsed = float(value)
+                    parsed = _bfloat(value)
                 except ValueError:
                     parsed = None
                 if parsed is not None:
@@ -1128,10 +1146,10 @@ class FactCollector:
         loss_t, gn_t, lr_t, rest_t, body_t = zip(*items)
         if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
             try:
-                losses = list(map(float, loss_t))
+                losses = _bfloats(loss_t)
                 # absent optional groups are b"" (findall) or None (match)
-                gns = list(map(float, gn_t)) if b"" not in gn_t and None not in gn_t else None
-                lrs = list(map(float, lr_t)) if b"" not in lr_t and None not in lr_t else None
+                gns = _bfloats(gn_t) if b"" not in gn_t and None not in gn_t else None
+                lrs = _bfloats(lr_t) if b"" not in lr_t and None not in lr_t else None
             except ValueError:
                 pass
             else:
@@ -1255,7 +1273,7 @@ class FactCollector:
                 last_loss = self._loss_last
                 continue
             try:
-                loss = float(loss_text)
+                loss = _bfloat(loss_text)
             except ValueError:
                 continue
             index += 1
@@ -1264,7 +1282,7 @@ class FactCollector:
             gn = None
             if gn_text:
                 try:
-                    gn = float(gn_text)
+                    gn = _bfloat(gn_text)
                 except ValueError:
                     gn = None
             if index == 1:
@@ -1309,7 +1327,7 @@ class FactCollector:
                     self._gn_nan += 1
             if lr_text:
                 try:
-                    lr = float(lr_text)
+                    lr = _bfloat(lr_text)
                 except ValueError:
                     lr = None
                 if lr is not None and lr - lr == 0:
