@@ -2,11 +2,13 @@
 
 A training log is mostly progress-bar redraws and metric dicts; the lines a diagnosis needs are
 rare. The engine gives this module every literal that any rule or extractor cares about. Each
-literal gets an *anchor*: its rarest byte in this input (sampled from its first block). One
-`bytes.translate` turns every anchor byte of a block into NUL, then `bytes.find` (memchr) walks the
-NULs; around each one the enclosing segment (between `\n` / `\r`) is checked with one compiled
-alternation of all literals. Only segments that contain a literal are decoded and normalised.
-Literals made only of bytes that are common in the input are searched whole, one by one."""
+literal gets an *anchor*: its byte found in the fewest `\r`/`\n` segments of a sample of this
+input (the engine samples the start without metric dicts, and samples again when a block needs
+too many fresh checks). One `bytes.translate` turns every anchor byte of a block into NUL, then
+`bytes.find` (memchr) walks the NULs; each segment holding one is checked once against the
+literals anchored on the anchor bytes it holds, and the verdict is remembered for repeated lines.
+Only segments that contain a literal are decoded and normalised. Literals whose every byte is in
+many segments are searched whole, one by one (bytes.find)."""
 
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ for _c in "{}()=-\"\t+":
 for _c in "\n\r":
     _FREQ[ord(_c)] = 1000  # never an anchor
 
-SAMPLE_BYTES = 256 << 10  # how much of an input's start sets the byte frequencies
+SAMPLE_BYTES = 256 << 10  # how much of a sample sets the anchors
 COMMON_BYTE_SHARE = 1 / 100  # no sample: a literal whose rarest byte is this common is searched on its own
-# with a sample: one NUL visit (a few us of Python) costs about as much as bytes.find over ~5 KiB,
-# so a byte commoner than about 1 in 4 KiB makes a worse anchor than the whole literal
+# with a sample: one segment visit (a few us of Python) costs about as much as bytes.find over
+# ~5 KiB, so a byte found in more than one segment per 4 KiB makes a worse anchor than the literal
 ANCHOR_MAX_SHARE = 1 / 4096
 VERDICT_CACHE_ENTRIES = 4096  # remembered segment verdicts (repeated warning lines are common)
 VERDICT_MAX_BYTES = 2048
