@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
-from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TRIGGER_LITERALS, FactCollector, Facts,
-                                   parse_oom_message)
+from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
+                                   Facts, parse_oom_message)
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs import rules as rules_mod
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
@@ -204,6 +204,10 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 collector.feed_metric_batch(records, _record_line_maker(block, base, item))
                 if cut:
                     view = rest_view
+            if collector.table_open or TABLE_HEAD in block:
+                # notebook Trainer tables: their rows hold no literal, the collector reads the block
+                collector.feed_table_block(block, lambda raw, n, base=base, item=item: reader.make_line(
+                    raw, item.path, base + n, item.rank, input_index=item.index))
             segments = matcher.prefilter.candidates(view)
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose

@@ -30,7 +30,7 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("memory summary", False), ("CUDA OOMs", False), ("Allocated memory", False),
     ("GPU reserved memory", False), ("Non-releasable memory", False),
     # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
-    ("loss=", False), ("loss:", False), ("eval_loss", False), ("train_runtime", False), ("trainable params", False),
+    ("loss=", False), ("loss:", False), ("wandb:", False), ("eval_loss", False), ("train_runtime", False), ("trainable params", False),
     ("mem=", False), ("memory/", False),
     ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False),
     ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
@@ -719,6 +719,76 @@ def _int(text: str) -> Optional[int]:
 
 
 # ---------------------------------------------------------------------------------------------
+# metrics without dicts: notebook Trainer tables and wandb run summaries
+
+# Jupyter/Colab/Kaggle (and Unsloth) render the Trainer's log as an HTML table; pasted as text it
+# is a header `Step  Training Loss  Validation Loss` (tabs, spaces or `|`) and one row per logging
+# step (`50  0.693100  0.693147`, `1  No log  0.69`). The rows hold no trigger literal, so the
+# engine hands whole blocks that contain TABLE_HEAD to FactCollector.feed_table_block.
+TABLE_HEAD = b"Training Loss"
+_TABLE_HEAD_RE = re.compile(rb"^[ \t|]*(?:Step|Epoch)[ \t|]+Training Loss(?![\w])[^\r\n]*", re.M)
+_TABLE_CELL = r"(?:No log|None|-|" + _NUMBER + r")"
+_TABLE_ROW_RE = re.compile(r"^[ \t|]*\d+(?:\.\d+)?(?:[ \t|]+" + _TABLE_CELL + r")+[ \t|]*$")
+_TABLE_CELL_RE = re.compile(r"No log|[^\s|]+")
+_TABLE_COLUMN_RE = re.compile(r"Training Loss|Validation Loss|Train Loss|Eval Loss|Grad Norm|Learning Rate|[^\s|]+")
+_TABLE_KEYS = {"step": "step", "epoch": "epoch", "training loss": "loss", "train loss": "loss",
+               "validation loss": "eval_loss", "eval loss": "eval_loss", "grad norm": "grad_norm",
+               "learning rate": "learning_rate"}
+_TABLE_MAX_ROWS = 100_000  # rows kept for replay (a notebook table has one per logging step)
+
+
+def table_columns(header: str) -> Optional[list[str]]:
+    """The column names of a notebook Trainer table header (`Step\tTraining Loss\tValidation
+    Loss`, space- or `|`-separated too); None when the line is no such header."""
+    if not _TABLE_HEAD_RE.match(header.encode("utf-8", "replace")):
+        return None
+    text = header.strip()
+    if "\t" in text or "|" in text:
+        return [c.strip() for c in re.split(r"[\t|]", text) if c.strip()]
+    if re.search(r"\S\s{2,}\S", text):  # columns padded with runs of spaces
+        return re.split(r"\s{2,}", text)
+    return _TABLE_COLUMN_RE.findall(text)
+
+
+def parse_table_row(text: str, columns: list[str]) -> Optional[dict[str, Any]]:
+    """One row of a notebook Trainer table as a metric record (`Training Loss` -> `loss`,
+    `Validation Loss` -> `eval_loss`, `No log` cells left out); None when the line is no row."""
+    if not _TABLE_ROW_RE.match(text):
+        return None
+    record: dict[str, Any] = {}
+    for name, cell in zip(columns, _TABLE_CELL_RE.findall(text)):
+        key = _TABLE_KEYS.get(name.lower())
+        if key is None or cell in ("No log", "None", "-"):
+            continue
+        try:
+            record[key] = _float(cell)
+        except ValueError:
+            continue
+    return record
+
+
+# `wandb:               train/loss nan` in the `wandb: Run summary:` block printed when a run ends
+# (the `Run history:` lines hold sparklines, not numbers)
+_WANDB_VALUE_RE = re.compile(r"^wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
+_WANDB_KEYS = {"train/loss": "loss", "loss": "loss", "train/grad_norm": "grad_norm", "grad_norm": "grad_norm",
+               "train/learning_rate": "learning_rate", "learning_rate": "learning_rate", "eval/loss": "eval_loss",
+               "eval_loss": "eval_loss", "train/epoch": "epoch", "train/global_step": "step",
+               "train_runtime": "train_runtime"}
+
+
+def parse_wandb_value(text: str) -> Optional[tuple[str, float]]:
+    """(record key, value) of a wandb summary line such as `wandb:   train/loss nan`, for the keys
+    that metric records use (`train/loss` -> `loss`, ...); None for other lines."""
+    m = _WANDB_VALUE_RE.match(text.strip())
+    if not m or m.group(1) not in _WANDB_KEYS:
+        return None
+    try:
+        return _WANDB_KEYS[m.group(1)], _float(m.group(2))
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
 # wrapped OOM messages
 
 _SENTENCE_END = (".", ")", "!", "PYTORCH_CUDA_ALLOC_CONF")
@@ -847,6 +917,12 @@ class FactCollector:
         self._mem_run = self._mem_best = 0
         self.loss_series = _Series()
         self.mem_series = _Series()
+        # records from notebook tables and wandb summaries: replayed by finish() only in a log
+        # without metric records of its own (docs/facts.md)
+        self._table_columns: Optional[list[str]] = None  # a table whose rows ran to a block's end
+        self._table_rows: list = []  # (record, raw row, line number in block, make_line)
+        self._wandb: dict[str, float] = {}  # the last `wandb: Run summary:` values
+        self._wandb_line: Any = None
         # trace
         self._in_trace = False
         self._frames: list[tuple[str, str]] = []
@@ -894,7 +970,9 @@ class FactCollector:
             self._memsum_feed(line)
         if self._cf_lines is not None:
             self._cf_feed(line)
-        if "loss" in text or "train_runtime" in text or "mem" in text:
+        if text.startswith("wandb:"):
+            self._wandb_feed(line)
+        elif "loss" in text or "train_runtime" in text or "mem" in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
                     and ("{" in text or "=" in text or ":" in text):
                 self._metrics(line)
@@ -937,6 +1015,73 @@ class FactCollector:
             self._evidence("killed", line)
         if _ERRORISH_RE.search(text):
             self.error_tail.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+
+    @property
+    def table_open(self) -> bool:
+        """True when the last block ended inside a notebook table (its rows go on in the next)."""
+        return self._table_columns is not None
+
+    def feed_table_block(self, block: bytes, make_line: Callable[[bytes, int], Any]) -> None:
+        """Notebook Trainer tables in a raw block (the engine calls this for blocks that hold
+        TABLE_HEAD, or while `table_open`): the rows after each `Step  Training Loss ...` header, up
+        to the first line that is no row. `make_line(raw, n)` builds the Line of the block's n-th
+        line (1-based) when evidence needs it. The rows are kept and replayed by finish()."""
+        starts = []  # (offset of the first row, columns, its line number in the block)
+        if self._table_columns is not None:
+            starts.append((0, self._table_columns, 1))
+            self._table_columns = None
+        if TABLE_HEAD in block:
+            for m in _TABLE_HEAD_RE.finditer(block):
+                columns = table_columns(m.group(0).decode("utf-8", "replace"))
+                if not columns:
+                    continue
+                nl = block.find(b"\n", m.end())
+                if nl < 0:  # the header ends the block: its rows start the next one
+                    self._table_columns = columns
+                    continue
+                starts.append((nl + 1, columns, block.count(b"\n", 0, nl + 1) + 1))
+        for pos, columns, lineno in starts:
+            rows = 0
+            while pos < len(block):
+                end = block.find(b"\n", pos)
+                if end < 0:
+                    end = len(block)
+                raw = block[pos:end]
+                text = raw.decode("utf-8", "replace").strip()
+                record = parse_table_row(text, columns) if text else None
+                if record is None:
+                    if text or rows:
+                        break  # the table ends at the first line that is no row
+                else:
+                    rows += 1
+                    if len(self._table_rows) < _TABLE_MAX_ROWS:
+                        self._table_rows.append((record, raw, lineno, make_line))
+                pos, lineno = end + 1, lineno + 1
+            else:
+                self._table_columns = columns  # the rows ran to the block's end: they may go on
+
+    def _wandb_feed(self, line: Any) -> None:
+        """`wandb: Run summary:` and its `wandb:   train/loss nan` lines (the last run's wins)."""
+        if "Run summary" in line.text:
+            self._wandb, self._wandb_line = {}, None
+            return
+        value = parse_wandb_value(line.text)
+        if value is not None:
+            self._wandb[value[0]] = value[1]
+            if value[0] == "loss" or self._wandb_line is None:
+                self._wandb_line = line
+
+    def _fallback_records(self) -> None:
+        """Replay table rows, else the wandb summary as one final record, when the log holds no
+        metric record of its own: the dicts of the same run carry the same numbers, step by step,
+        and adding a table or summary to them would count steps twice or append a fake last step."""
+        if self._records == 0:
+            for record, raw, n, make_line in self._table_rows:
+                self._record(record, lambda raw=raw, n=n, make_line=make_line: make_line(raw, n))
+        if self._records == 0 and "loss" in self._wandb:
+            line = self._wandb_line
+            self._record(dict(self._wandb), lambda: line)
+        self._table_rows = []
 
     def set_progress(self, n: int, total: int) -> None:
         """The last training progress bar state seen (the engine finds bars in raw blocks)."""
@@ -1562,6 +1707,7 @@ class FactCollector:
             self._oom_parse(pending)
         self._memsum_close()
         self._cf_close()
+        self._fallback_records()
         v = self.values
         if self._oom_count:
             v["oom.count"] = self._oom_count
