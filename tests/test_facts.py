@@ -688,3 +688,122 @@ def test_string_valued_dicts_in_the_bulk_path():
     c.feed_metric_batch(METRIC_DICT_RE.findall(json_text[0].encode()), lambda k: line(json_text[0], 1))
     f = c.finish().flat()
     assert f["metrics.first_loss"] == 2.5 and f["metrics.grad_norm_nan_count"] == 1 and f["metrics.lr_max"] == 1e-4
+
+
+def feed_blocks(blocks):
+    """Notebook tables through the block path, as the engine feeds them (line numbers per block)."""
+    c = FactCollector(block_metrics=True)
+    base = 0
+    for block in blocks:
+        raw = block.encode()
+        c.feed_table_block(raw, lambda r, n, base=base: line(r.decode(), base + n))
+        base += raw.count(b"\n")
+    return c
+
+
+FLAT_TABLE = (" [600/600 12:41, Epoch 3/3]\nStep\tTraining Loss\tValidation Loss\n"
+              + "".join(f"{50 * i}\t0.693100\t0.693147\n" for i in range(1, 13)) + "TrainOutput(global_step=600)\n")
+
+
+@pytest.mark.parametrize("table, steps, first, last, nan, eval_last, first_row", [
+    (FLAT_TABLE, 12, 0.6931, 0.6931, 0, 0.693147, 3),
+    # space-separated, without the Validation column
+    ("Step Training Loss\n10 2.104000\n20 1.873000\n30 1.650000\n\n{'train_runtime': 10.0}\n", 3, 2.104, 1.65, 0, None, 2),
+    # per-epoch table, `No log` before the first logging step, nan rows
+    ("Epoch\tTraining Loss\tValidation Loss\tAccuracy\n1\tNo log\t0.912000\t0.61\n2\t0.850000\t0.880000\t0.64\n"
+     "3\tnan\tnan\t0.50\n4\tnan\tnan\t0.50\nDone\n", 3, 0.85, 0.85, 2, math.nan, 3),
+    # `|`-separated (markdown pastes), padded columns
+    ("| Step | Training Loss | Validation Loss |\n|   5  |  1.2  |  1.3  |\n|  10  |  1.1  |  1.25 |\n", 2, 1.2, 1.1, 0, 1.25, 2),
+])
+def test_notebook_table_rows_become_records(table, steps, first, last, nan, eval_last, first_row):
+    f = feed_blocks([table]).finish()
+    v = f.flat()
+    assert v["metrics.steps"] == steps and v["metrics.loss_nan_count"] == nan
+    assert v["metrics.first_loss"] == first and v["metrics.last_loss"] == last
+    if eval_last is None:
+        assert "metrics.eval_loss_last" not in v
+    else:
+        assert str(v["metrics.eval_loss_last"]) == str(eval_last)
+    assert f.evidence("metrics")[0].line == first_row  # the first row with a training loss
+
+
+def test_notebook_table_ends_at_first_non_row_and_spans_blocks():
+    f = feed_blocks([FLAT_TABLE]).finish().flat()
+    assert f["metrics.loss_flat_steps"] == 12  # `TrainOutput(...)` ended the rows
+    head, tail = FLAT_TABLE.split("300\t", 1)
+    split = feed_blocks([head, "300\t" + tail]).finish()
+    assert split.flat() == f
+    assert [e.line for e in split.evidence("metrics")] == [3, 14]  # first and last row, file line numbers
+    # a header that ends its block takes its rows from the next block
+    assert feed_blocks(["Step\tTraining Loss\n", "5\t1.0\n10\t0.9\n"]).finish().flat()["metrics.steps"] == 2
+    # rows after a line that is no row are not the table's
+    assert feed_blocks(["Step\tTraining Loss\n5\t1.0\nsaving\n10\t0.9\n"]).finish().flat()["metrics.steps"] == 1
+
+
+def test_notebook_table_does_not_add_to_dict_records():
+    from loradoctor.logs.facts import METRIC_DICT_RE
+
+    c = feed_blocks([FLAT_TABLE])
+    c.feed_metric_batch(METRIC_DICT_RE.findall("\n".join(FLOAT_DICTS).encode()), lambda k: line(FLOAT_DICTS[k], 100 + k))
+    assert str(c.finish().flat()) == str(collect(FLOAT_DICTS).flat())
+
+
+WANDB_SUMMARY = """wandb: Run history:
+wandb:          train/epoch ▁▂▃▄▅▆▇█
+wandb:           train/loss ▁▁
+wandb:
+wandb: Run summary:
+wandb:               total_flos 1.2345e+16
+wandb:              train/epoch 3.0
+wandb:        train/global_step 600
+wandb:          train/grad_norm nan
+wandb:      train/learning_rate 0.0002
+wandb:               train/loss nan
+wandb:            train_runtime 761.2
+wandb: 🚀 View run fine-tune at: https://wandb.ai/me/proj/runs/abc
+""".splitlines()
+
+
+def test_wandb_summary_is_one_final_record():
+    f = collect(WANDB_SUMMARY)
+    v = f.flat()
+    assert v["metrics.steps"] == 1 and v["metrics.loss_nan_count"] == 1 and v["metrics.grad_norm_nan_count"] == 1
+    assert v["metrics.first_nonfinite_index"] == 1 and v["metrics.finite_before_nan"] == 0
+    assert v["metrics.lr_max"] == 0.0002 and v["metrics.train_finished"] is True
+    assert v["metrics.summary_only"] is True
+    assert any("train/loss nan" in e.text for e in f.evidence("metrics"))
+    # with dict records in the log, the summary adds nothing (no fake last step)
+    both = collect(STRING_DICTS + WANDB_SUMMARY).flat()
+    assert both["metrics.steps"] == 3 and both["metrics.last_loss"] == 1.412 and "metrics.summary_only" not in both
+    # a history line without a number, and another run's summary, are no records
+    assert "metrics.steps" not in collect(WANDB_SUMMARY[:4]).flat()
+
+
+def _explain_text(tmp_path, name, text):
+    from loradoctor.logs.engine import explain
+
+    path = tmp_path / name
+    path.write_text(text)
+    return explain([str(path)])
+
+
+def test_end_to_end_notebook_table_flat_loss(tmp_path):
+    report = _explain_text(tmp_path, "nb.log", "Unsloth: training on a Tesla T4\n" + FLAT_TABLE)
+    assert report.facts["metrics.steps"] == 12 and report.facts["metrics.loss_flat_steps"] == 12
+    assert "loss.flat" in [f.cause for f in report.findings]
+
+
+def test_end_to_end_string_dicts_fp16_nan(tmp_path):
+    lines = ["TrainingArguments(output_dir='out', fp16=True, bf16=False)"]
+    lines += ["{'loss': '%.3f', 'grad_norm': '0.66', 'learning_rate': '0.0002', 'epoch': '0.%02d'}" % (1.9 - 0.1 * i, i)
+              for i in range(6)]
+    lines += ["{'loss': 'nan', 'grad_norm': 'nan', 'learning_rate': '0.0002', 'epoch': '0.9'}"] * 3
+    report = _explain_text(tmp_path, "s.log", "\n".join(lines) + "\n")
+    assert report.facts["metrics.steps"] == 9 and report.facts["metrics.loss_nan_count"] == 3
+    assert report.findings and report.findings[0].cause == "nan.fp16_overflow"
+
+
+def test_end_to_end_wandb_summary(tmp_path):
+    report = _explain_text(tmp_path, "w.log", "TrainingArguments(fp16=True)\n" + "\n".join(WANDB_SUMMARY) + "\n")
+    assert report.facts["metrics.steps"] == 1 and report.facts["metrics.loss_nan_count"] == 1
+    assert report.facts["metrics.summary_only"] is True

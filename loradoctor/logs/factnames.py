@@ -23,7 +23,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",
     "metrics.train_finished", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
-    "metrics.mem_rising_records", "peft.trainable_params", "peft.all_params",
+    "metrics.mem_rising_records", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
     # trace
     "trace.count", "trace.exception", "trace.message", "trace.location",
     # xid

@@ -1081,6 +1081,7 @@ class FactCollector:
         if self._records == 0 and "loss" in self._wandb:
             line = self._wandb_line
             self._record(dict(self._wandb), lambda: line)
+            self.values["metrics.summary_only"] = True
         self._table_rows = []
 
     def set_progress(self, n: int, total: int) -> None:
