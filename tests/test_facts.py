@@ -807,3 +807,18 @@ def test_end_to_end_wandb_summary(tmp_path):
     report = _explain_text(tmp_path, "w.log", "TrainingArguments(fp16=True)\n" + "\n".join(WANDB_SUMMARY) + "\n")
     assert report.facts["metrics.steps"] == 1 and report.facts["metrics.loss_nan_count"] == 1
     assert report.facts["metrics.summary_only"] is True
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("wandb:               train/loss nan", ("loss", "nan")),
+    ("wandb:      train/learning_rate 0.0002", ("learning_rate", "0.0002")),
+    ("2024-05-01 10:00:00 wandb:   train/grad_norm 1.5", ("grad_norm", "1.5")),
+    ("wandb:           train/loss ▁▂▃▄", None),  # Run history sparkline
+    ("wandb:               total_flos 1.2e+16", None),  # not a record key
+    ("wandb: Tracking run with wandb version 0.16.6", None),
+])
+def test_parse_wandb_value(text, expected):
+    from loradoctor.logs.facts import parse_wandb_value
+
+    got = parse_wandb_value(text)
+    assert (got and (got[0], str(got[1]))) == (expected and (expected[0], str(float(expected[1]))))

@@ -769,7 +769,8 @@ def parse_table_row(text: str, columns: list[str]) -> Optional[dict[str, Any]]:
 
 # `wandb:               train/loss nan` in the `wandb: Run summary:` block printed when a run ends
 # (the `Run history:` lines hold sparklines, not numbers)
-_WANDB_VALUE_RE = re.compile(r"^wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
+# (after a timestamp or a `[rank0]:`-style prefix too)
+_WANDB_VALUE_RE = re.compile(r"(?:^|[\s\]|:])wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
 _WANDB_KEYS = {"train/loss": "loss", "loss": "loss", "train/grad_norm": "grad_norm", "grad_norm": "grad_norm",
                "train/learning_rate": "learning_rate", "learning_rate": "learning_rate", "eval/loss": "eval_loss",
                "eval_loss": "eval_loss", "train/epoch": "epoch", "train/global_step": "step",
@@ -779,7 +780,7 @@ _WANDB_KEYS = {"train/loss": "loss", "loss": "loss", "train/grad_norm": "grad_no
 def parse_wandb_value(text: str) -> Optional[tuple[str, float]]:
     """(record key, value) of a wandb summary line such as `wandb:   train/loss nan`, for the keys
     that metric records use (`train/loss` -> `loss`, ...); None for other lines."""
-    m = _WANDB_VALUE_RE.match(text.strip())
+    m = _WANDB_VALUE_RE.search(text.strip())
     if not m or m.group(1) not in _WANDB_KEYS:
         return None
     try:
@@ -970,7 +971,7 @@ class FactCollector:
             self._memsum_feed(line)
         if self._cf_lines is not None:
             self._cf_feed(line)
-        if text.startswith("wandb:"):
+        if "wandb:" in text:
             self._wandb_feed(line)
         elif "loss" in text or "train_runtime" in text or "mem" in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
