@@ -534,6 +534,30 @@ def _compile_regex(pattern: str):
     return regex.compile(pattern, regex.V0)
 
 
+class LazyRegexes:
+    """A rule's compiled regexes, compiled on first use. The built-in rules (linted in CI) load this
+    way, so `explain` on a short log does not pay for ~360 compilations it never needs; user rule
+    folders and `rules lint` compile eagerly, so a bad regex is reported at load time."""
+
+    __slots__ = ("sources", "_compiled")
+
+    def __init__(self, sources: list[str]) -> None:
+        self.sources = list(sources)
+        self._compiled: list = [None] * len(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i: int):
+        compiled = self._compiled[i]
+        if compiled is None:
+            compiled = self._compiled[i] = _compile_regex(self.sources[i])
+        return compiled
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.sources)))
+
+
 def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> tuple[list, list[str]]:
     """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
     matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
@@ -551,8 +575,9 @@ def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> 
     return literals, problems
 
 
-def build_rule(data: dict, source: str) -> tuple[Optional[Rule], list[str]]:
-    """A compiled Rule from one validated YAML mapping, and the problems (field: message)."""
+def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Rule], list[str]]:
+    """A compiled Rule from one validated YAML mapping, and the problems (field: message).
+    eager=False defers regex compilation to first use (LazyRegexes)."""
     problems: list[str] = []
     try:
         confidence = confidence_value(data.get("confidence", "medium"))
@@ -570,6 +595,10 @@ def build_rule(data: dict, source: str) -> tuple[Optional[Rule], list[str]]:
         falsepositives=data.get("falsepositives", "") or "", docs=data.get("docs", "") or "", source=source,
     )
     for fname in ("patterns", "require_all", "exclude"):
+        if not eager:
+            setattr(rule, {"patterns": "compiled_patterns", "require_all": "compiled_require",
+                           "exclude": "compiled_exclude"}[fname], LazyRegexes(getattr(rule, fname)))
+            continue
         compiled = []
         for i, p in enumerate(getattr(rule, fname)):
             try:
@@ -603,7 +632,7 @@ def build_rule(data: dict, source: str) -> tuple[Optional[Rule], list[str]]:
     return rule, problems
 
 
-def _load_file(path: Path) -> tuple[list[Rule], list[str]]:
+def _load_file(path: Path, eager: bool = True) -> tuple[list[Rule], list[str]]:
     """Rules of one YAML file and its problems, each problem a full one-line message."""
     import yaml
 
@@ -639,7 +668,7 @@ def _load_file(path: Path) -> tuple[list[Rule], list[str]]:
     for idx, item in enumerate(data["rules"]):
         if idx in bad_indexes or not isinstance(item, dict):
             continue
-        rule, found = build_rule(item, str(path))
+        rule, found = build_rule(item, str(path), eager=eager)
         problems.extend(f"{path}: rule {item['id']}: {p}" for p in found)
         if rule is not None and not found:
             rules.append(rule)
@@ -650,7 +679,9 @@ def _rule_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
-def _collect(folders: Iterable[Path]) -> tuple[list[Rule], list[str]]:
+def _collect(folders: Iterable[Path], lazy: Iterable[Path] = ()) -> tuple[list[Rule], list[str]]:
+    """Rules of the folders; those in `lazy` compile their regexes on first use."""
+    lazy = {Path(f).resolve() for f in lazy}
     rules: list[Rule] = []
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -659,7 +690,7 @@ def _collect(folders: Iterable[Path]) -> tuple[list[Rule], list[str]]:
             problems.append(f"{folder}: rules folder does not exist")
             continue
         for path in _rule_files(folder):
-            found, errs = _load_file(path)
+            found, errs = _load_file(path, eager=folder.resolve() not in lazy)
             problems.extend(errs)
             for rule in found:
                 if rule.id in seen:
@@ -681,7 +712,7 @@ def load_rules(extra_dirs: Iterable["str | Path"] = (), include_builtin: bool = 
                 for f in folders)
     if key in _CACHE:
         return list(_CACHE[key])
-    rules, problems = _collect(folders)
+    rules, problems = _collect(folders, lazy=[builtin_rules_dir()] if include_builtin else [])
     if problems:
         more = f" (and {len(problems) - 1} more problem(s); run `loradoctor rules lint`)" if len(problems) > 1 else ""
         raise UserError(problems[0] + more)
