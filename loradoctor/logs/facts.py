@@ -37,7 +37,8 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
     ("ChildFailedError", False), ("Root Cause", False), ("local_rank", False), ("exitcode", False),
     ("error_file", False), ("Signal ", False), ("Watchdog", False), ("collective operation timeout", True),
-    ("NCCL", False), ("nccl", False), ("unhandled system error", False),
+    # not a bare "NCCL": healthy multi-GPU runs print thousands of `NCCL INFO` lines
+    ("NCCL error", False), ("NCCL communicator", False), ("nccl", False), ("unhandled system error", False),
     ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
     ("return code", True), ("SIGKILL", False), ("Code 43", False),
     ("ERROR", False), ("FAIL", False), ("Fatal", False), ("FATAL", False), ("Segmentation fault", False),
