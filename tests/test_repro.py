@@ -42,9 +42,11 @@ def test_each_repro_has_a_self_contained_script(repro_id):
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert "loradoctor" not in imported
-    # fp16 runs bf16.py's body under its own name: the harness must be in the script or that sibling
+    # fp16 runs bf16.py's body under its own name; every body takes the harness from _harness.py beside it
     body = (spec.script.parent / "bf16.py").read_text() if '"bf16.py"' in text else text
-    assert "def emit(" in body and "run_main(main)" in body
+    assert "from _harness import *" in body and "run_main(main)" in body
+    harness = (spec.script.parent / "_harness.py").read_text()
+    assert "def emit(" in harness and "loradoctor" not in {n.names[0].name for n in ast.walk(ast.parse(harness)) if isinstance(n, ast.Import)}
     assert spec.gpu in ("yes", "no", "optional") and spec.kind in ("check", "problem")
 
 

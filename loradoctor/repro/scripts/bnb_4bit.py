@@ -6,82 +6,9 @@ reaches the input (what a QLoRA adapter needs). FAIL: bitsandbytes cannot load i
 SKIP: no CUDA GPU, or bitsandbytes is not installed.
 """
 
-# --- the same small harness heads every repro script, so each one runs on its own: -----------
+# The shared harness (_harness.py beside this file): OPTIONS, RID, emit, run_main, import_torch, ...
 #     python SCRIPT.py ['{"option": value}']   -> one JSON line, schema loradoctor.repro/1
-import json
-import os
-import sys
-import time
-import traceback
-
-T0 = time.monotonic()
-RID = os.path.basename(__file__)[:-3].replace("_", "-")
-OPTIONS = json.loads(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].strip() else {}
-
-
-def emit(status, summary, evidence=(), numbers=None):
-    """Print the result line and exit 0 (the status is in the JSON, not the exit code)."""
-    torch_mod = sys.modules.get("torch")
-    print(json.dumps({
-        "schema": "loradoctor.repro/1", "id": RID, "status": status, "summary": summary,
-        "evidence": [str(e) for e in evidence], "numbers": numbers or {},
-        "duration_s": round(time.monotonic() - T0, 3), "python": sys.version.split()[0],
-        "torch": getattr(torch_mod, "__version__", None),
-    }, default=str), flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: a poisoned CUDA context can hang or crash there
-
-
-def opt_bool(name, default):
-    value = OPTIONS.get(name, default)
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def exc_line(exc):
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def import_torch():
-    """torch, or SKIP when it is not installed, or FAIL when it is installed but broken."""
-    try:
-        import torch
-    except ModuleNotFoundError as exc:
-        emit("SKIP", f"torch is not installed for {sys.executable}", [exc_line(exc)])
-    except Exception:  # an installed torch that cannot load (missing libs, ABI)
-        emit("FAIL", "torch is installed but cannot be imported", traceback.format_exc().splitlines()[-6:])
-    return torch
-
-
-def need_cuda(torch):
-    """SKIP unless torch sees a CUDA GPU; the reason names the torch build."""
-    if getattr(torch.version, "cuda", None) is None:
-        emit("SKIP", f"needs a CUDA GPU: torch {torch.__version__} is a CPU-only build "
-                     "(loradoctor repro run cuda-init tells whether a GPU is there)")
-    if not torch.cuda.is_available():
-        emit("SKIP", "needs a CUDA GPU: torch sees none (CUDA_VISIBLE_DEVICES="
-                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}; loradoctor repro run cuda-init says why)")
-    return torch.device("cuda", 0)
-
-
-def need_gpu_driver():
-    """SKIP at once, before the slow torch import, on a Linux machine with no GPU driver at all."""
-    if not sys.platform.startswith("linux"):
-        return
-    nodes = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")  # NVIDIA, WSL2, ROCm
-    if not any(os.path.exists(p) for p in nodes):
-        emit("SKIP", "needs a CUDA GPU: this machine has no GPU driver (no /dev/nvidiactl, /proc/driver/nvidia, /dev/dxg)")
-
-
-def run_main(main):
-    try:
-        main()
-    except SystemExit:
-        raise
-    except BaseException as exc:  # a bug or an unexpected library error: say so, with the traceback tail
-        emit("ERROR", f"the repro could not complete: {exc_line(exc)}", traceback.format_exc().splitlines()[-10:])
-    emit("ERROR", "the repro ended without a verdict")
-# --- end of harness ---------------------------------------------------------------------------
+from _harness import *  # noqa: F401,F403
 
 
 def import_bnb(numbers):
