@@ -512,3 +512,12 @@ def test_kohya_model_to_through_the_scan(tmp_path, tiny_rules):
         "7.79 GiB of which 3.06 MiB is free.",
     ]) + "\n"
     assert explain_tiny(tiny_rules, write(tmp_path, "x.log", text)).facts["oom.phase"] == "load"
+
+
+def test_derived_literals_need_letters_not_just_digits():
+    """A literal like ' 43' would send every progress bar showing 43 to the matcher."""
+    from loradoctor.logs.rules import derive_literals
+
+    assert derive_literals(r" 43\b") is None
+    assert derive_literals(r"exitcode\s*:\s*-9") == [("exitcode", False)]
+    assert derive_literals(r"\(Code 43\)") == [("(Code 43)", False)]

@@ -423,6 +423,11 @@ def _constants():
     return c
 
 
+def _informative_literal(text: str) -> bool:
+    """Long enough, and with at least two letters: ' 43' or '137' occur in every progress bar."""
+    return len(text) >= MIN_DERIVED_LITERAL and sum(ch.isalpha() for ch in text) >= 2
+
+
 def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
     """Literals of which at least one occurs in every match of `pattern`, as (text, ignore_case);
     None when the pattern has no literal part long enough to look for."""
@@ -470,7 +475,7 @@ def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
                     if sub:
                         candidates.append(sub)
         flush()
-        good = [cand for cand in candidates if min(len(t) for t, _ in cand) >= MIN_DERIVED_LITERAL]
+        good = [cand for cand in candidates if all(_informative_literal(t) for t, _ in cand)]
         if not good:
             return None
         # the best: its shortest alternative is longest (rarest), then fewest alternatives
