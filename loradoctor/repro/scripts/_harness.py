@@ -71,6 +71,26 @@ def need_gpu_driver():
         emit("SKIP", "needs a CUDA GPU: this machine has no GPU driver (no /dev/nvidiactl, /proc/driver/nvidia, /dev/dxg)")
 
 
+def import_bnb(numbers):
+    """bitsandbytes, or SKIP when it is not installed, or FAIL when it cannot load; its import chatter comes back as evidence."""
+    import io
+    import contextlib
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            import bitsandbytes as bnb
+    except ModuleNotFoundError as exc:
+        if "bitsandbytes" in str(exc):
+            emit("SKIP", "bitsandbytes is not installed (needed only for QLoRA / 8-bit optimizers)", [exc_line(exc)], numbers)
+        raise
+    except Exception as exc:
+        emit("FAIL", f"bitsandbytes cannot be imported: {exc_line(exc)}",
+             [line for line in captured.getvalue().splitlines() if line.strip()][-6:], numbers)
+    numbers["bitsandbytes"] = getattr(bnb, "__version__", None)
+    return bnb, [line for line in captured.getvalue().splitlines() if line.strip()][-6:]
+
+
 def run_main(main):
     try:
         main()
@@ -82,4 +102,4 @@ def run_main(main):
 
 
 __all__ = ["json", "os", "sys", "time", "traceback", "T0", "RID", "OPTIONS", "emit", "opt_bool", "exc_line",
-           "import_torch", "need_cuda", "need_gpu_driver", "run_main"]
+           "import_torch", "import_bnb", "need_cuda", "need_gpu_driver", "run_main"]

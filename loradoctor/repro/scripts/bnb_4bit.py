@@ -11,25 +11,6 @@ SKIP: no CUDA GPU, or bitsandbytes is not installed.
 from _harness import *  # noqa: F401,F403
 
 
-def import_bnb(numbers):
-    import io
-    import contextlib
-
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            import bitsandbytes as bnb
-    except ModuleNotFoundError as exc:
-        if "bitsandbytes" in str(exc):
-            emit("SKIP", "bitsandbytes is not installed (needed only for QLoRA / 8-bit optimizers)", [exc_line(exc)], numbers)
-        raise
-    except Exception as exc:
-        emit("FAIL", f"bitsandbytes cannot be imported: {exc_line(exc)}",
-             [line for line in captured.getvalue().splitlines() if line.strip()][-6:], numbers)
-    numbers["bitsandbytes"] = getattr(bnb, "__version__", None)
-    return bnb, [line for line in captured.getvalue().splitlines() if line.strip()][-6:]
-
-
 def main():
     need_gpu_driver()
     torch = import_torch()
