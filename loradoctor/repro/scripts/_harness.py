@@ -91,6 +91,17 @@ def import_bnb(numbers):
     return bnb, [line for line in captured.getvalue().splitlines() if line.strip()][-6:]
 
 
+def pick_device(torch):
+    """(device, use_cuda) for repros that also run on the CPU: the GPU when there is one, unless the
+    `device` option says cpu; SKIP when it says cuda and there is none."""
+    want = str(OPTIONS.get("device") or "").lower()
+    use_cuda = want != "cpu" and getattr(torch.version, "cuda", None) is not None and torch.cuda.is_available()
+    if want == "cuda" and not use_cuda:
+        emit("SKIP", "device=cuda asked for, but torch sees no CUDA GPU")
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    return device, use_cuda
+
+
 def run_main(main):
     try:
         main()
@@ -102,4 +113,4 @@ def run_main(main):
 
 
 __all__ = ["json", "os", "sys", "time", "traceback", "T0", "RID", "OPTIONS", "emit", "opt_bool", "exc_line",
-           "import_torch", "import_bnb", "need_cuda", "need_gpu_driver", "run_main"]
+           "import_torch", "import_bnb", "pick_device", "need_cuda", "need_gpu_driver", "run_main"]

@@ -53,11 +53,7 @@ def lookup_in_grandchild(rows, token_id, timeout_s):
 
 def main():
     torch = import_torch()
-    want = str(OPTIONS.get("device") or "").lower()
-    use_cuda = want != "cpu" and getattr(torch.version, "cuda", None) is not None and torch.cuda.is_available()
-    if want == "cuda" and not use_cuda:
-        emit("SKIP", "device=cuda asked for, but torch sees no CUDA GPU")
-    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    device, use_cuda = pick_device(torch)
     rows = int(OPTIONS.get("vocab_size") or 1001)
     token_id = int(OPTIONS.get("token_id") if OPTIONS.get("token_id") is not None else 1000)
     if OPTIONS.get("arm") == "lookup":  # the grandchild: one lookup, report, exit

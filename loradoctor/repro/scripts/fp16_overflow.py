@@ -48,11 +48,7 @@ def train_arm(torch, device, arm, value, steps=4):
 
 def main():
     torch = import_torch()
-    want = str(OPTIONS.get("device") or "").lower()
-    use_cuda = want != "cpu" and getattr(torch.version, "cuda", None) is not None and torch.cuda.is_available()
-    if want == "cuda" and not use_cuda:
-        emit("SKIP", "device=cuda asked for, but torch sees no CUDA GPU")
-    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    device, use_cuda = pick_device(torch)
     native_bf16 = (not use_cuda) or torch.cuda.get_device_capability(0)[0] >= 8
     setup = str(OPTIONS.get("setup") or ("bf16" if native_bf16 else "fp16-scaled")).lower()
     if setup not in ("fp16", "fp16-scaled", "bf16"):
