@@ -7,6 +7,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Remembered probe results and the parsed rule library (loradoctor/cache.py) go to a folder of this
+# test session, never to the user's ~/.cache; children started by run_cli inherit it.
+if "LORADOCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["LORADOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="loradoctor-test-cache-")
 FIXTURES = ROOT / "fixtures"
 
 

@@ -27,57 +27,96 @@ def parse_want(text: Optional[str]) -> list[str]:
     return sorted(set(out))
 
 
+ENV_HELP = """Check the machine: driver, CUDA, torch build, bf16 / flash-attn support, bitsandbytes, visible
+GPUs, memory held by other processes, GPU health; each problem with its evidence and a fix to paste.
+
+torch, bitsandbytes and flash-attn are probed in child processes of your interpreter (a crash or a
+hang there becomes a finding). A healthy torch probe is remembered (~/.cache/loradoctor) until the
+torch install, the Python packages, the driver, the relevant environment variables or the boot
+change, or for a day; --fresh ignores it, --deep never uses it.
+
+Examples:
+  loradoctor env
+  loradoctor env --want bf16,flash-attn --strict && python train.py
+  loradoctor env --python ~/venvs/train/bin/python --format json > env.json
+  loradoctor env --from pasted_collect_env.txt
+  loradoctor env --format md >> issue.md
+
+Exit codes: 0 healthy (warnings allowed), 1 an error finding (--strict: a warning too),
+2 the doctor could not run or bad usage."""
+
+
+def build_parser():
+    """argparse for `loradoctor env` (see loradoctor/cli/_args.py for why not typer options)."""
+    from loradoctor.cli._args import new_parser
+
+    p = new_parser("env", ENV_HELP)
+    p.add_argument("--deep", action="store_true", help="also run a tiny bf16/fp16 matmul on each GPU (seconds)")
+    p.add_argument("--quick", action="store_true", help="skip the bitsandbytes and flash-attn probes; short torch timeout")
+    p.add_argument("--fresh", action="store_true", help="re-run the torch / extension probes even if a remembered result is still valid")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="check another machine from a saved `env --format json`, `python -m torch.utils.collect_env` "
+                        "text, or `nvidia-smi` / `nvidia-smi -q` text ('-' for stdin)")
+    p.add_argument("--format", dest="fmt", default="text", metavar="FMT",
+                   help="text (default), json, or md (Markdown for an issue; UUIDs, host and home paths redacted)")
+    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="per-probe timeout (default 60 s for the child probes, 10 s for the rest)")
+    p.add_argument("--python", metavar="PATH", help="probe another interpreter (the one you train with) instead of loradoctor's own")
+    p.add_argument("--want", metavar="LIST", help="features you will use, checked against this GPU: bf16, fp16, flash-attn, "
+                                                    "bnb (comma-separated); ACCELERATE_MIXED_PRECISION is read too")
+    p.add_argument("--check", action="append", metavar="NAME", help="run only this check (repeatable); see --list-checks")
+    p.add_argument("--list-checks", action="store_true", help="list the checks and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
+    return p
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("env")
-    def env(
-        deep: bool = typer.Option(False, "--deep", help="Also run a tiny bf16/fp16 matmul on each GPU (seconds)."),
-        quick: bool = typer.Option(False, "--quick", help="Skip the bitsandbytes and flash-attn probes; short torch timeout."),
-        from_file: Optional[str] = typer.Option(None, "--from", metavar="FILE",
-                                                help="Check another machine from a saved `env --format json`, `python -m torch.utils.collect_env` text, or `nvidia-smi` / `nvidia-smi -q` text ('-' for stdin)."),
-        fmt: str = typer.Option("text", "--format", help="text, json or md (Markdown for an issue; UUIDs, host and home paths redacted)."),
-        strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
-        timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Per-probe timeout (default 60 s for the child probes, 10 s for the rest)."),
-        python: Optional[str] = typer.Option(None, "--python", metavar="PATH", help="Probe another interpreter (the one you train with) instead of loradoctor's own."),
-        want: Optional[str] = typer.Option(None, "--want", metavar="LIST", help="Features you will use, checked against this GPU: bf16, fp16, flash-attn, bnb (comma-separated). ACCELERATE_MIXED_PRECISION is read too."),
-        check: Optional[List[str]] = typer.Option(None, "--check", metavar="NAME", help="Run only this check (repeatable); see --list-checks."),
-        list_checks: bool = typer.Option(False, "--list-checks", help="List the checks and exit."),
-        verbose: bool = typer.Option(False, "-v", "--verbose", help="Show info findings too."),
-    ) -> None:
-        """Check the machine: driver, CUDA, torch build, bf16 / flash-attn support, bitsandbytes, visible GPUs, memory
-        held by other processes, GPU health. Exit 0 healthy, 1 an error finding (--strict: a warning), 2 bad usage."""
-        from loradoctor.env import checks as env_checks
-        from loradoctor.render import env_view
+    from loradoctor.cli._args import mount
 
-        if list_checks:
-            for line in env_view.checks_table(env_checks.CHECKS):
-                typer.echo(line)
-            raise typer.Exit(0)
-        if fmt not in ("text", "json", "md"):
-            raise UserError(f"--format must be text, json or md, not {fmt!r}")
-        if timeout is not None and not (0 < timeout <= 3600):
-            raise UserError("--timeout must be between 0 and 3600 seconds")
-        features = parse_want(want)
-        if from_file is not None:
-            from loradoctor.env.snapshot import load_snapshot
+    mount(app, "env", "Check the machine: driver, CUDA, torch build, bf16 / flash-attn, bitsandbytes, GPU memory, health.",
+          build_parser, lambda opts: run(**opts))
 
-            snapshot = load_snapshot(from_file)
-            if features:
-                snapshot["requested"] = {"features": features, "source": "--want"}
-        else:
-            from loradoctor.env import collect_snapshot
 
-            if python is not None:
-                import os
-                import shutil
+def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file: Optional[str] = None,
+        fmt: str = "text", strict: bool = False, timeout: Optional[float] = None, python: Optional[str] = None,
+        want: Optional[str] = None, check: Optional[List[str]] = None, list_checks: bool = False,
+        verbose: bool = False) -> int:
+    """`loradoctor env` with parsed options; returns the exit code."""
+    from loradoctor.env import checks as env_checks
+    from loradoctor.render import env_view
 
-                resolved = shutil.which(python) or python
-                if not (os.path.isfile(resolved) and os.access(resolved, os.X_OK)):
-                    raise UserError(f"--python: {python} is not an executable interpreter")
-                python = resolved
-            snapshot = collect_snapshot(deep=deep, quick=quick, timeout_s=timeout, want=features, python=python)
-        findings = env_checks.run_checks(snapshot, only=check or None)
-        _render(snapshot, findings, fmt, verbose)
-        raise typer.Exit(env_view.exit_code(findings, strict=strict))
+    if list_checks:
+        for line in env_view.checks_table(env_checks.CHECKS):
+            typer.echo(line)
+        return 0
+    if fmt not in ("text", "json", "md"):
+        raise UserError(f"--format must be text, json or md, not {fmt!r}")
+    if timeout is not None and not (0 < timeout <= 3600):
+        raise UserError("--timeout must be between 0 and 3600 seconds")
+    features = parse_want(want)
+    if from_file is not None:
+        from loradoctor.env.snapshot import load_snapshot
+
+        snapshot = load_snapshot(from_file)
+        if features:
+            snapshot["requested"] = {"features": features, "source": "--want"}
+    else:
+        from loradoctor.env import collect_snapshot
+
+        if python is not None:
+            import os
+            import shutil
+
+            resolved = shutil.which(python) or python
+            if not (os.path.isfile(resolved) and os.access(resolved, os.X_OK)):
+                raise UserError(f"--python: {python} is not an executable interpreter")
+            python = resolved
+        snapshot = collect_snapshot(deep=deep, quick=quick, timeout_s=timeout, want=features, python=python,
+                                    fresh=fresh)
+    findings = env_checks.run_checks(snapshot, only=check or None)
+    _render(snapshot, findings, fmt, verbose)
+    return env_view.exit_code(findings, strict=strict)
 
 
 def _render(snapshot: dict, findings: list, fmt: str, verbose: bool) -> None:

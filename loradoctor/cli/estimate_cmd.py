@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from loradoctor.cli._args import mount, new_parser
 from loradoctor.errors import UserError
 
 
@@ -43,33 +44,14 @@ RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
 FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage the loradoctor way: one line, exit 2 (via UserError)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"{self.prog}: {message}")
-
-
 def build_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]]) -> argparse.ArgumentParser:
-    """The parser for one of the three commands: RUN_OPTIONS + the command's own options.
-
-    Option parsing uses argparse rather than typer's per-option coercion, which imports pydantic (about
-    0.1-0.4 s): `estimate` must answer within 0.3 s of a bare interpreter start."""
-    parser = _Parser(prog=f"loradoctor {prog}", description=description, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The parser for one of the three commands: RUN_OPTIONS + the command's own options (argparse, not
+    typer's per-option coercion: see loradoctor/cli/_args.py; `estimate` must answer within 0.3 s of a bare
+    interpreter start)."""
+    parser = new_parser(prog, description)
     for dest, flags, kw in RUN_OPTIONS + extra:
         parser.add_argument(*flags, dest=dest, **kw)
     return parser
-
-
-def _register_argparse(app: typer.Typer, name: str, summary: str, description: str,
-                       extra: list[tuple[str, tuple[str, ...], dict[str, Any]]], body: Callable[[dict[str, Any]], None]) -> None:
-    settings = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-
-    @app.command(name, help=summary, context_settings=settings, add_help_option=False)
-    def _cmd(ctx: typer.Context) -> None:
-        args = build_parser(name, description, extra).parse_args(list(ctx.args))
-        body(vars(args))
 
 
 def resolve_from_options(kwargs: dict[str, Any]):
@@ -279,4 +261,5 @@ def register(app: typer.Typer) -> None:
     for name, func, extra in (("estimate", _estimate, ESTIMATE_EXTRA), ("preflight", _preflight, PREFLIGHT_EXTRA),
                               ("measure", _measure, MEASURE_EXTRA)):
         summary, description = _doc(func)
-        _register_argparse(app, name, summary, description, extra, lambda kw, f=func: f(**kw))
+        mount(app, name, summary, lambda name=name, description=description, extra=extra: build_parser(name, description, extra),
+              lambda kw, f=func: f(**kw))

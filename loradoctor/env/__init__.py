@@ -13,18 +13,20 @@ from typing import Any, Iterable, Optional
 
 
 def collect_snapshot(deep: bool = False, quick: bool = False, timeout_s: Optional[float] = None,
-                     want: Optional[Iterable[str]] = None, python: Optional[str] = None) -> dict[str, Any]:
+                     want: Optional[Iterable[str]] = None, python: Optional[str] = None,
+                     fresh: bool = False) -> dict[str, Any]:
     """Probe this machine. `quick` (used by preflight and `explain --env live`) skips the bitsandbytes and
     flash-attn children and uses a short torch timeout; `deep` adds a tiny bf16/fp16 matmul per GPU.
     `want` records requested features (bf16, fp16, flash-attn, bnb) for the checks. `python` probes another
-    interpreter (a training venv) instead of this one. Never raises for a failing probe: that section becomes
+    interpreter (a training venv) instead of this one. `fresh` ignores remembered healthy child-probe results
+    (probes/remember.py). Never raises for a failing probe: that section becomes
     {"error": "could not check: ..."}."""
     from loradoctor import __version__
     from loradoctor.env.probes import collect
     from loradoctor.env.snapshot import SNAPSHOT_SCHEMA
 
     started = _dt.datetime.now(_dt.timezone.utc)
-    sections = collect(deep=deep, quick=quick, timeout_s=timeout_s, python=python)
+    sections = collect(deep=deep, quick=quick, timeout_s=timeout_s, python=python, fresh=fresh)
     snap: dict[str, Any] = {"schema": SNAPSHOT_SCHEMA}
     snap["meta"] = {
         "source": "live",

@@ -20,6 +20,16 @@ def counts(findings: Iterable[Finding]) -> dict[str, int]:
     return out
 
 
+def _remembered(section: dict) -> str:
+    """' [remembered ...]' when a healthy probe result was reused (env/probes/remember.py)."""
+    rec = (section.get("probe") or {}).get("remembered") if isinstance(section.get("probe"), dict) else None
+    if not isinstance(rec, dict):
+        return ""
+    age_s = int(rec.get("age_s") or 0)
+    age = f"{age_s // 3600} h" if age_s >= 3600 else (f"{age_s // 60} min" if age_s >= 60 else f"{age_s} s")
+    return f" [probe result remembered {age} ago, install unchanged; --fresh re-probes]"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -98,7 +108,7 @@ def summary_lines(snapshot: dict) -> list[tuple[str, str]]:
                 avail = f", {_plural(t.get('device_count') or 0, 'device')} visible" if t.get("cuda_available") else ", CUDA not available"
             arch = t.get("arch_list") or []
             arch_text = f", arch {' '.join(arch)}" if arch else ""
-            lines.append(("torch", f"{t.get('version', '?')} ({build}{cudnn}){avail}{arch_text}"))
+            lines.append(("torch", f"{t.get('version', '?')} ({build}{cudnn}){avail}{arch_text}{_remembered(t)}"))
         for d in t.get("deep") or []:
             res = ", ".join(f"{k} {'ok' if v.get('ok') else 'FAILED'}" for k, v in d.items() if isinstance(v, dict))
             lines.append((f"matmul GPU {d.get('index')}", res or d.get("error", "?")))

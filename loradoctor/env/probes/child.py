@@ -26,6 +26,11 @@ STAGE_WHAT = {None: "while starting", "start": "while starting", "found": "durin
 _HERE = Path(__file__).resolve().parent
 
 
+def source(script: str) -> str:
+    """The text of a child probe script (it runs with `python -c`, so nothing needs installing there)."""
+    return (_HERE / script).read_text(encoding="utf-8")
+
+
 class ChildProbe:
     """A started child probe; `result()` waits for it (up to its timeout) and returns its section."""
 
@@ -34,7 +39,7 @@ class ChildProbe:
         self.script = script
         self.timeout_s = timeout_s
         self.started = time.monotonic()
-        source = (_HERE / script).read_text(encoding="utf-8")
+        text = source(script)
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault prints the Python stack to stderr
         env["PYTHONUNBUFFERED"] = "1"
@@ -43,7 +48,7 @@ class ChildProbe:
         self.spawn_error: Optional[str] = None
         try:
             self.proc = subprocess.Popen(
-                [python or sys.executable, *(python_flags or []), "-c", source, *args],
+                [python or sys.executable, *(python_flags or []), "-c", text, *args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 start_new_session=True,  # its own process group, so a timeout kills grandchildren too
             )
