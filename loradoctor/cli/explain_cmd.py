@@ -26,7 +26,6 @@ Reads plain, .gz, .bz2 and .xz logs, folders of rank logs, or - for stdin; print
 likely cause first with the lines it rests on, the numbers, fixes in order, and the GPU test
 that confirms it. Nothing is sent anywhere.
 
-\b
 Examples:
   loradoctor explain train.log
   python train.py 2>&1 | tee run.log; loradoctor explain run.log --env live
@@ -75,7 +74,10 @@ Examples:
 
 def register(app: typer.Typer) -> None:
     """Add `explain` and the `rules` group to the root app."""
-    app.command("explain", help=EXPLAIN_HELP, no_args_is_help=True)(explain)
+    from loradoctor.cli._args import mount
+
+    mount(app, "explain", EXPLAIN_HELP.split("\n\n")[0], build_parser, lambda opts: explain(**opts),
+          help_when_empty=True)
     rules_app = typer.Typer(
         name="rules", help=RULES_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None
     )
@@ -88,17 +90,34 @@ def register(app: typer.Typer) -> None:
 # ---------------------------------------------------------------------------- explain
 
 
-def explain(
-    paths: List[str] = typer.Argument(..., metavar="FILE...", help="Log files, folders of logs, or - for stdin."),
-    fmt: str = typer.Option("text", "--format", "-f", help="text | json | md"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every finding in full."),
-    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Add a folder of your own rules (repeatable)."),
-    env: Optional[str] = typer.Option(
-        None, "--env", metavar="SNAPSHOT.json|live",
-        help="Machine facts: a saved `loradoctor env --format json` file, or 'live' to check this machine now.",
-    ),
-    top: Optional[int] = typer.Option(None, "--top", min=1, metavar="N", help="Show only the N best findings."),
-) -> None:
+def build_parser():
+    """argparse for `loradoctor explain` (see loradoctor/cli/_args.py for why not typer options)."""
+    from loradoctor.cli._args import new_parser
+
+    def positive(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise UserError(f"--top {text!r}: give a whole number of at least 1")
+        return value
+
+    p = new_parser("explain", EXPLAIN_HELP)
+    p.add_argument("paths", nargs="+", metavar="FILE", help="log files, folders of logs, or - for stdin")
+    p.add_argument("-f", "--format", dest="fmt", default="text", metavar="FMT", help="text (default) | json | md")
+    p.add_argument("-v", "--verbose", action="store_true", help="show every finding in full")
+    p.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
+                   help="add a folder of your own rules (repeatable)")
+    p.add_argument("--env", metavar="SNAPSHOT.json|live",
+                   help="machine facts: a saved `loradoctor env --format json` file, or 'live' to check this machine now")
+    p.add_argument("--top", type=positive, metavar="N", help="show only the N best findings")
+    return p
+
+
+def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: List[Path] = (),
+            env: Optional[str] = None, top: Optional[int] = None) -> int:
+    """`loradoctor explain` with parsed options; returns the exit code."""
     fmt = _check_format(fmt, FORMATS)
     rule_dirs = [_check_rule_dir(d, "--rules") for d in rules]
     snapshot = load_env_snapshot(env) if env else None
@@ -124,7 +143,7 @@ def explain(
         from loradoctor.render.terminal import console
 
         explain_view.print_explain(console(), report, verbose=verbose, top=top)
-    raise typer.Exit(0 if explain_view.diagnoses(report.findings) else 1)
+    return 0 if explain_view.diagnoses(report.findings) else 1
 
 
 def load_env_snapshot(spec: str) -> dict[str, Any]:
