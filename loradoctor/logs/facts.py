@@ -154,7 +154,18 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
                 name = _FIGURE_FIELDS[label]
                 if getattr(msg, name) is None:
                     setattr(msg, name, _size(f.group(2)))
-            return _drop_implausible(msg)
+            msg = _drop_implausible(msg)
+            # the cudaMallocAsync backend keeps no cache of its own (freed blocks go back to the
+            # driver's pool), so what PyTorch holds is what it allocated; total - free - that is
+            # held outside (others + contexts), as in G1/G2. Not when the user's fraction limit
+            # refused the request: then the device's free memory did not matter.
+            msg.reserved_bytes = msg.allocated_bytes
+            limited = (msg.allowed_bytes is not None and msg.allocated_bytes is not None
+                       and msg.requested_bytes is not None
+                       and msg.allocated_bytes + msg.requested_bytes > msg.allowed_bytes)
+            if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) and not limited:
+                msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
+            return msg
         bare = _OOM_BARE_RE.search(text)
         return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
@@ -221,6 +232,11 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
         if msg.reserved_bytes is not None:
             msg.non_pytorch_bytes = max(0, msg.this_process_bytes - msg.reserved_bytes)
+    elif m.group(1) == "HIP" and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) \
+            and msg.other_process_bytes is None:
+        # ROCm builds print no NVML process clauses at all: as in G1/G2, total - free - reserved is
+        # what other processes (plus this process's context) hold
+        msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
     return msg
 
 
@@ -467,7 +483,15 @@ _LOCATIONS = (  # checked in this order: the more specific phase wins
     ("load", {"from_pretrained", "load_state_dict", "_load_state_dict_into_meta_model", "dispatch_model",
               "load_checkpoint_and_dispatch", "_load_pretrained_model", "load_checkpoint_in_model",
               "_load_from_state_dict", "load_model"}),
-    ("save", {"save_model", "_save_checkpoint", "save_pretrained", "_save", "save_state"}),
+    # save: HF Trainer / PEFT, plus the frames of a sharded save without Trainer frames above them
+    # (DeepSpeed's engine and ZeRO-3 16-bit consolidation, FSDP full / optimizer state dicts via
+    # accelerate or torch, torch.distributed.checkpoint, Lightning, torch.save itself)
+    ("save", {"save_model", "_save_checkpoint", "save_pretrained", "_save", "save_state",
+              "save_checkpoint", "save_16bit_model", "_zero3_consolidated_16bit_state_dict",
+              "_save_zero_checkpoint", "consolidate_state_dict", "save_fsdp_model", "save_fsdp_optimizer",
+              "get_state_dict", "_full_post_state_dict_hook", "full_optim_state_dict", "_optim_state_dict_impl",
+              "get_model_state_dict", "get_optimizer_state_dict", "save_state_dict", "_save_state_dict",
+              "async_save", "dump_checkpoint", "save"}),
     ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict"}),
     ("generate", {"generate", "_sample", "greedy_search", "sample", "beam_search"}),
     ("optimizer", {"optimizer_step"}),
@@ -794,6 +818,7 @@ def parse_wandb_value(text: str) -> Optional[tuple[str, float]]:
 # wrapped OOM messages
 
 _SENTENCE_END = (".", ")", "!", "PYTORCH_CUDA_ALLOC_CONF")
+_FRACTION_LABEL_END = "(set by user-supplied memory fraction)"  # cudaMallocAsync prints the figure on the next line
 _OOM_PIECES = ("Tried to allocate", "GPU ", "Of the allocated", "Including non-PyTorch", "Process ", "If reserved",
                "See documentation", "this process", "Currently allocated", "Requested", "Device limit",
                "Free (according", "PyTorch limit")
@@ -801,11 +826,10 @@ _OOM_WORDS = ("PyTorch", "GiB", "MiB", "allocat", "reserved", "capacity", "memor
 _HEADERLESS_GAP = 60  # lines after the last frame of a traceback without header that still belong to it
 
 
-# Message forms whose numbers parse_oom_message reads but the collector does not publish yet: the
-# rules (rules/oom.yaml) still treat ROCm/MPS/memory-fraction OOMs as numberless
-# (oom-capacity-no-numbers) and their numbered rules match only `CUDA out of memory. Tried`. Empty
-# this set once the rules read these forms.
-HELD_BACK_OOM_FORMS: frozenset[str] = frozenset({"HIP", "mps", "fraction"})
+# Message forms whose numbers parse_oom_message reads but the collector does not publish (a form
+# goes here while rules/oom.yaml cannot read it yet). Empty: the numbered rules read ROCm's `HIP out
+# of memory`, Apple's `MPS backend out of memory` and the cudaMallocAsync / memory-fraction form.
+HELD_BACK_OOM_FORMS: frozenset[str] = frozenset()
 
 
 def _held_back(msg: OomMessage, text: str) -> bool:
@@ -817,6 +841,8 @@ def _oom_finished(text: str) -> bool:
     """True when an OOM message ends its sentence; the fraction form always takes figure lines."""
     if _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
         return False
+    if text.rstrip().endswith(_FRACTION_LABEL_END):
+        return False  # the limit's figure is on the next line
     return text.rstrip().endswith(_SENTENCE_END) and not text.rstrip().endswith("out of memory.")
 
 
@@ -831,6 +857,8 @@ def _continues_oom(pending: dict, line: Any) -> bool:
         return False
     if text.startswith(_OOM_PIECES):
         return True
+    if pending["text"].rstrip().endswith(_FRACTION_LABEL_END):
+        return text.startswith(":")  # `                        : 39.62 GiB`
     if pending["text"].rstrip().endswith(_SENTENCE_END) or _EXC_RE.match(text):
         return False  # a finished message: only its known next sentences follow
     return text[:1].islower() or any(w in text for w in _OOM_WORDS)
