@@ -1,0 +1,65 @@
+"""The OOM message forms outside CUDA's caching allocator text: ROCm (HIP), Apple (MPS) and the
+cudaMallocAsync / memory-fraction form publish their numbers (rules/oom.yaml reads them)."""
+from loradoctor.logs.facts import HELD_BACK_OOM_FORMS, FactCollector
+from loradoctor.logs.reader import Line
+from loradoctor.units import parse_size
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def collect(texts):
+    c = FactCollector()
+    for i, t in enumerate(texts, 1):
+        c.feed(Line(file="t.log", lineno=i, text=t, rank=None, time_s=None, raw=t, input_index=0))
+    return c.finish().flat()
+
+
+FRACTION = ["torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)",
+            "Currently allocated     : 39.71 GiB", "Requested               : 512.00 MiB",
+            "Device limit            : 79.25 GiB", "Free (according to CUDA): 37.90 GiB",
+            "PyTorch limit (set by user-supplied memory fraction)", ": 39.62 GiB", "next unrelated line"]
+
+
+def test_no_form_is_held_back():
+    assert HELD_BACK_OOM_FORMS == frozenset()
+
+
+def test_fraction_form_reads_the_limit_on_its_own_line():
+    f = collect(FRACTION)
+    assert f["oom.era"] == "fraction" and f["oom.requested_bytes"] == 512 * MIB
+    assert f["oom.allowed_bytes"] == parse_size("39.62 GiB")
+    assert f["oom.reserved_bytes"] == f["oom.allocated_bytes"] == parse_size("39.71 GiB")
+    # the user's limit refused the request: the device's free memory says nothing about others
+    assert "oom.other_unaccounted_bytes" not in f
+
+
+def test_fraction_form_without_a_limit_measures_memory_held_elsewhere():
+    lines = FRACTION[:4] + ["Free (according to CUDA): 126.00 MiB",
+                            "PyTorch limit (set by user-supplied memory fraction)", ": 17179869184.00 GiB"]
+    lines[1] = "Currently allocated     : 12.00 GiB"
+    f = collect(lines)
+    assert "oom.allowed_bytes" not in f  # no fraction set: the figure is garbage
+    assert f["oom.other_unaccounted_bytes"] == parse_size("79.25 GiB") - 126 * MIB - 12 * GIB
+
+
+def test_hip_message_publishes_numbers_and_unaccounted_memory():
+    f = collect(["torch.OutOfMemoryError: HIP out of memory. Tried to allocate 594.00 MiB. GPU 0 has a total "
+                 "capacity of 15.98 GiB of which 412.00 MiB is free. Of the allocated memory 0 bytes is allocated "
+                 "by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."])
+    assert f["oom.requested_bytes"] == 594 * MIB and f["oom.allocated_bytes"] == 0
+    assert f["oom.other_unaccounted_bytes"] == parse_size("15.98 GiB") - 412 * MIB
+
+
+def test_cuda_g4_without_process_clauses_keeps_unaccounted_absent():
+    f = collect(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 594.00 MiB. GPU 0 has a total "
+                 "capacity of 15.98 GiB of which 412.00 MiB is free. Of the allocated memory 0 bytes is allocated "
+                 "by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."])
+    assert f["oom.requested_bytes"] == 594 * MIB and "oom.other_unaccounted_bytes" not in f
+
+
+def test_mps_message_publishes_numbers():
+    f = collect(["RuntimeError: MPS backend out of memory (MPS allocated: 14.21 GB, other allocations: 384.00 KB, "
+                 "max allowed: 14.36 GB). Tried to allocate 224.00 MB on private pool."])
+    assert f["oom.era"] == "mps" and f["oom.requested_bytes"] == 224 * MIB
+    assert f["oom.allowed_bytes"] == parse_size("14.36 GiB")
