@@ -90,3 +90,19 @@ def test_plain_file_blocks_end_at_newlines_with_long_lines(tmp_path):
     # every block but the last ends a line, unless a line was longer than two blocks
     assert all(b.endswith(b"\n") or len(b) >= 2 * (64 << 10) for b in blocks[:-1])
     assert item.bytes == len(data)
+
+
+def test_contained_in_follows_the_case_rules():
+    from loradoctor.logs.scan import contained_in
+
+    items = [("out of memory", True), ("CUDA out of memory", False), ("Out Of Memory", False),
+             ("memory", True), ("OOM", False), ("oom", True), ("ZOOM in", True)]
+    got = contained_in(items)
+    assert got[0] == {3}  # ci inside ci
+    assert got[1] == {0, 3}  # ci literals inside a cs one (lower-cased)
+    assert got[2] == {0, 3}  # 'Out Of Memory' lower-cased holds both
+    assert got[4] == {5}  # 'oom' (ci) is inside 'OOM'; the reverse is not: cs never inside ci
+    assert got[5] == set()
+    assert got[6] == {5}  # 'zoom in' holds 'oom'; 'OOM' (cs) is not inside a ci literal
+    assert contained_in([(b"abc", False), (b"b", False)]) == [{1}, set()]
+    assert contained_in([]) == []

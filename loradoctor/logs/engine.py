@@ -24,7 +24,7 @@ from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs import rules as rules_mod
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
@@ -93,15 +93,13 @@ class Matcher:
                 for text, ci in lits:
                     targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
         # a line that contains literal K also contains every literal inside K
-        closed: dict[tuple[str, bool], set] = {}
         keys = list(targets)
-        for key in keys:
-            text, ci = key
-            acc = set()
-            for other in keys:
-                o_text, o_ci = other
-                if (o_ci and o_text in text.lower()) or (not o_ci and not ci and o_text in text):
-                    acc |= targets[other]
+        inside = contained_in(keys)
+        closed: dict[tuple[str, bool], set] = {}
+        for i, key in enumerate(keys):
+            acc = set(targets[key])
+            for j in inside[i]:
+                acc |= targets[keys[j]]
             closed[key] = acc
         self.targets = closed
         # per-line dispatch: plain substring tests are far cheaper than one big alternation

@@ -12,8 +12,11 @@ many segments are searched whole, one by one (bytes.find)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence, Union
+
+Text = Union[str, bytes]
 
 # How common a byte is in training logs (progress bars, metric dicts, prose). Lower = rarer =
 # better anchor. Rough numbers; only their order matters.
@@ -49,6 +52,36 @@ VERDICT_MAX_BYTES = 2048
 REPLAN_MISSES = 4096  # fresh segment checks per block beyond which the anchors are re-chosen
 
 
+def contained_in(items: Sequence[tuple[Text, bool]]) -> list[set[int]]:
+    """For each (text, ignore_case) item i, the indices j != i of the items found inside it: a
+    case-insensitive j anywhere in i's lower-cased text, a case-sensitive j only inside a
+    case-sensitive i. All texts are joined (NUL-separated) into two strings, so each item costs a
+    few `find` calls in C instead of one Python `in` test per pair (n^2 for ~450 literals was a
+    tenth of a second of every start-up)."""
+    if not items:
+        return []
+    sep = b"\0" if isinstance(items[0][0], bytes) else "\0"
+    texts = [t for t, _ in items]
+    lows = [t.lower() for t in texts]
+    big, big_low = sep.join(texts), sep.join(lows)
+    starts, at = [], 0
+    for t in texts:
+        starts.append(at)
+        at += len(t) + 1
+    out: list[set[int]] = [set() for _ in items]
+    for j, (text, ci) in enumerate(items):
+        if not text:
+            continue
+        needle, hay = (lows[j], big_low) if ci else (text, big)
+        pos = hay.find(needle)
+        while pos != -1:
+            i = bisect_right(starts, pos) - 1
+            if i != j and (ci or not items[i][1]):
+                out[i].add(j)
+            pos = hay.find(needle, pos + 1)
+    return out
+
+
 @dataclass(frozen=True)
 class Literal:
     text: str
@@ -77,15 +110,13 @@ class Prefilter:
             key = (data.lower() if lit.ignore_case else data, lit.ignore_case)
             unique[key] = lit
         self.literals = list(unique.values())
-        # a literal that contains a kept one adds nothing: every line with it is found anyway
-        # (a case-insensitive literal only defers to a case-insensitive one)
-        kept: list[tuple[bytes, bool]] = []
+        # a literal that contains another adds nothing: every line with it is found anyway (a
+        # case-insensitive literal only defers to a case-insensitive one). Of equal literals the first
+        # in (length, order) stays; containment is transitive, so "contains no earlier literal" is
+        # the same as "contains no kept literal".
         keys = sorted(unique, key=lambda k: len(k[0]))
-        for data, ci in keys:
-            low = data.lower()
-            if any((k_ci and k in low) or (not k_ci and not ci and k in data) for k, k_ci in kept):
-                continue
-            kept.append((data, ci))
+        inside = contained_in(keys)
+        kept = [key for i, key in enumerate(keys) if not any(j < i for j in inside[i])]
         self._kept = kept
         self.plan(b"")
 
