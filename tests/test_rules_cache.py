@@ -1,0 +1,81 @@
+"""The parsed built-in rule library kept on disk (rules._builtin_rules): reused while the files are
+unchanged, rebuilt when one changes, never trusted when damaged, never kept when a rule is broken."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from loradoctor.errors import UserError
+from loradoctor.logs import rules as R
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORADOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LORADOCTOR_NO_CACHE", raising=False)
+    target = tmp_path / "rules"
+    shutil.copytree(R.builtin_rules_dir(), target, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    return target
+
+
+def test_second_load_comes_from_the_cache_and_matches(folder, monkeypatch):
+    first, problems = R._builtin_rules(folder)
+    assert not problems and len(first) >= 100
+    assert list((Path(os.environ["LORADOCTOR_CACHE_DIR"])).glob("rules-*.pickle"))
+
+    def boom(*a, **k):
+        raise AssertionError("parsed the YAML again")
+
+    monkeypatch.setattr(R, "_collect", boom)
+    second, _ = R._builtin_rules(folder)
+    assert [r.to_dict() for r in second] == [r.to_dict() for r in first]
+    assert [r.literals for r in second] == [r.literals for r in first]
+    # the regexes still compile lazily after unpickling, and match what they matched before
+    oom = next(r for r in second if r.id == "oom-fragmentation")
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert [bool(p.search(line)) for p in oom.compiled_patterns] == \
+        [bool(p.search(line)) for p in next(r for r in first if r.id == "oom-fragmentation").compiled_patterns]
+    assert len(oom.compiled_patterns) == len(oom.patterns)
+
+
+def test_a_changed_rule_file_is_read_again(folder):
+    R._builtin_rules(folder)
+    path = folder / "oom.yaml"
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("title:", "title: CHANGED", 1), encoding="utf-8")
+    later = time.time_ns() + 10**9
+    os.utime(path, ns=(later, later))
+    rules, _ = R._builtin_rules(folder)
+    assert any(r.title.startswith("CHANGED") for r in rules)
+
+
+def test_a_damaged_entry_is_rebuilt(folder):
+    R._builtin_rules(folder)
+    for entry in Path(os.environ["LORADOCTOR_CACHE_DIR"]).glob("rules-*.pickle"):
+        entry.write_bytes(b"not a pickle")
+    rules, problems = R._builtin_rules(folder)
+    assert not problems and len(rules) >= 100
+
+
+def test_broken_rules_are_not_kept(folder):
+    (folder / "zz-broken.yaml").write_text("rules:\n  - id: broken\n    cause: nope.nope\n", encoding="utf-8")
+    _, problems = R._builtin_rules(folder)
+    assert problems
+    assert not list(Path(os.environ["LORADOCTOR_CACHE_DIR"]).glob("rules-*.pickle"))
+
+
+def test_user_rule_clashing_with_a_builtin_id_is_reported(tmp_path):
+    user = tmp_path / "mine"
+    user.mkdir()
+    builtin = R.load_rules()[0]
+    (user / "a.yaml").write_text(
+        "rules:\n"
+        f"  - id: {builtin.id}\n    cause: {builtin.cause}\n    title: Mine\n    severity: error\n"
+        "    summary: mine\n    patterns: ['FROBNICATE NOW']\n", encoding="utf-8")
+    with pytest.raises(UserError, match="duplicate id"):
+        R.load_rules(extra_dirs=[user])
