@@ -106,3 +106,27 @@ def test_contained_in_follows_the_case_rules():
     assert got[6] == {5}  # 'zoom in' holds 'oom'; 'OOM' (cs) is not inside a ci literal
     assert contained_in([(b"abc", False), (b"b", False)]) == [{1}, set()]
     assert contained_in([]) == []
+
+
+def test_matcher_hits_are_digit_blind_only_for_digit_free_literals():
+    from loradoctor.logs.engine import Matcher
+    from loradoctor.logs.rules import load_rules
+
+    m = Matcher(load_rules())
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+    other = xid.replace("79", "13")  # same digit-blind text, other Xid number
+    assert m.hits(xid) == m.hits(xid)
+    assert m._blind_cache  # the digit-free verdicts were remembered
+    # literals with digits are still tested on the real text: a rule keyed on "79" must not leak
+    digit_targets = {t for lit, tg in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
+    assert digit_targets <= m.hits(xid)
+    assert {t for lit, tg in m._case_digits + m._nocase_digits for t in tg
+            if lit.lower() in other.lower()} <= m.hits(other)
+    full = set()
+    for lit, tg in m._case + m._case_digits:
+        if lit in other:
+            full |= tg
+    for lit, tg in m._nocase + m._nocase_digits:
+        if lit in other.lower():
+            full |= tg
+    assert m.hits(other) == full

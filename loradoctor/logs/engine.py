@@ -70,6 +70,27 @@ class ExplainReport:
 # ---------------------------------------------------------------------------------------------
 # matching
 
+_DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
+
+
+def _has_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text)
+
+
+def _scan_literals(text: str, case: list, nocase: list) -> set:
+    """Union of the targets of the (literal, targets) pairs whose literal is in `text`."""
+    found: set = set()
+    for lit, tg in case:
+        if lit in text:
+            found |= tg
+    if nocase:
+        low = text.lower()
+        for lit, tg in nocase:
+            if lit in low:
+                found |= tg
+    return found
+
+
 @dataclass
 class _RuleState:
     matches: list = field(default_factory=list)  # (Line, match)
@@ -102,9 +123,15 @@ class Matcher:
                 acc |= targets[keys[j]]
             closed[key] = acc
         self.targets = closed
-        # per-line dispatch: plain substring tests are far cheaper than one big alternation
-        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci]
-        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci]
+        # per-line dispatch: plain substring tests are far cheaper than one big alternation. A literal
+        # without digits is in a line exactly when it is in the line with every digit written as 0, so
+        # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
+        # byte count or timestamp is then one dict lookup; literals with digits are tested every time.
+        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci and not _has_digit(text)]
+        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci and not _has_digit(text)]
+        self._case_digits = [(text, closed[(text, ci)]) for text, ci in keys if not ci and _has_digit(text)]
+        self._nocase_digits = [(text, closed[(text, ci)]) for text, ci in keys if ci and _has_digit(text)]
+        self._blind_cache: dict[str, set] = {}
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
@@ -135,16 +162,16 @@ class Matcher:
 
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
-        found: set = set()
-        for lit, tg in self._case:
-            if lit in text:
-                found |= tg
-        if self._nocase:
-            low = text.lower()
-            for lit, tg in self._nocase:
-                if lit in low:
-                    found |= tg
-        return found
+        blind = text.translate(_DIGITS_TO_ZERO)
+        cached = self._blind_cache.get(blind)
+        if cached is None:
+            cached = _scan_literals(blind, self._case, self._nocase)
+            if len(self._blind_cache) >= LINE_CACHE_ENTRIES:
+                self._blind_cache.clear()
+            self._blind_cache[blind] = cached
+        if not (self._case_digits or self._nocase_digits):
+            return set(cached)
+        return cached | _scan_literals(text, self._case_digits, self._nocase_digits)
 
 
 _BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
