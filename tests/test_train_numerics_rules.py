@@ -40,6 +40,15 @@ def _fires_on_line(rule_id: str, text: str) -> bool:
     ("compute dtype: torch.bfloat16", False),
     ("Using 16bit Automatic Mixed Precision (AMP)", True),
     ("Using bfloat16 Automatic Mixed Precision (AMP)", False),
+    # the model (or its 4-bit compute dtype) loaded in float16: the forward runs in fp16
+    ('model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)', True),
+    ("BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16)", True),
+    ("BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16)", False),
+    ("swift sft --model_type qwen-7b --torch_dtype float16", True),
+    ("Instantiating LlamaForCausalLM model under default dtype torch.float16.", True),
+    ('  "torch_dtype": "float16",', False),   # a checkpoint's config.json, not the run
+    ("   \\   /|    GPU: Tesla T4. Max memory: 14.741 GB. Platform: Linux.", True),
+    ("   \\   /|    GPU: NVIDIA A100-SXM4-40GB. Max memory: 39.39 GB. Platform: Linux.", False),
 ])
 def test_fp16_evidence_lines(line, is_fp16):
     assert _fires_on_line("fp16-nan-loss", line) is is_fp16
@@ -67,11 +76,69 @@ def test_nan_from_the_first_record_in_bf16_is_masking_not_fp16(tmp_path):
     assert "nan.fp16_overflow" not in causes
 
 
-def test_same_nan_run_in_fp16_is_overflow(tmp_path):
+def test_same_nan_run_in_fp16_is_overflow_with_medium_confidence(tmp_path):
+    # nan from the first record: overflow and all-masked labels give the same numbers, so the
+    # fp16 reading comes first but only at medium confidence, and its first fix is the label check.
     text = "fp16=True,\nbf16=False,\n" + _records(["nan"] * 12, ["nan"] * 12)
     report = _explain(tmp_path, text)
-    assert report.findings[0].cause == "nan.fp16_overflow"
+    first = report.findings[0]
+    assert (first.cause, first.rule) == ("nan.fp16_overflow", "fp16-nan-from-first-record")
+    assert first.confidence_label == "medium"
+    assert "-100" in first.fixes[0].text
+    assert "fp16-nan-loss" not in [f.rule for f in report.findings]
     assert "loss.zero" not in [f.cause for f in report.findings]
+
+
+def test_fp16_nan_after_finite_records_stays_high_confidence(tmp_path):
+    text = "fp16=True,\n" + _records([1.9, 1.7, 1.6] + ["nan"] * 6, [0.5, 0.4, 0.4] + ["nan"] * 6)
+    report = _explain(tmp_path, text)
+    assert report.findings[0].rule == "fp16-nan-loss"
+    assert report.findings[0].confidence_label == "high"
+    assert "fp16-nan-from-first-record" not in [f.rule for f in report.findings]
+
+
+@pytest.mark.parametrize("line, fires", [
+    ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", True),
+    ("[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 1.0, reducing to 1.0", True),
+    ("[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 0.5, reducing to 0.25", True),
+    ("[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 2048.0, reducing to 1024.0", False),
+    ("[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 16.0, reducing to 8.0", False),
+    ("Reducing dynamic loss scale from 1.0 to 1.0", True),
+    ("Reducing dynamic loss scale from 134217728.0 to 67108864.0", False),
+])
+def test_loss_scale_minimum_lines(line, fires):
+    assert _fires_on_line("fp16-loss-scale-minimum-message", line) is fires
+
+
+@pytest.mark.parametrize("loss, fires", [("0.6931", True), ("1.0986", True), ("1.3863", True),
+                                         ("0.6937", False), ("2.0794", False)])
+def test_flat_loss_at_chance_level(tmp_path, loss, fires):
+    report = _explain(tmp_path, _records([loss] * 3, [0.0] * 3))
+    assert ("loss-flat-at-chance" in [f.rule for f in report.findings]) is fires
+
+
+@pytest.mark.parametrize("line, kernel", [
+    ("../aten/src/ATen/native/cuda/Loss.cu:94: operator(): block: [0,0,0], thread: [12,0,0] "
+     "Assertion `input_val >= zero && input_val <= one` failed.", "operator"),
+    ("/pytorch/aten/src/THC/THCTensorIndex.cu:361: void indexSelectLargeIndex(TensorInfo<T, IndexType>, "
+     "TensorInfo<long, IndexType>, int, int, IndexType, IndexType, long) [with T = float, IndexType = unsigned int, "
+     "DstDim = 2, SrcDim = 2, IdxDim = -2, IndexIsMajor = true]: block: [485,0,0], thread: [47,0,0] "
+     "Assertion `srcIndex < srcSelectDimSize` failed.", "indexSelectLargeIndex"),
+])
+def test_kernel_assert_line_forms(line, kernel):
+    rule = RULES["cuda-device-side-assert"]
+    matches = [m for m in (p.search(line) for p in rule.compiled_patterns) if m]
+    assert matches and matches[0].group("kernel") == kernel
+
+
+@pytest.mark.parametrize("line, is_row", [
+    ("| 75   | nan           |", True),
+    ("75\tnan\tnan", True),
+    ("| 50   | 1.402200      | nan             |", False),   # only the validation loss is nan
+    ("|------|---------------|", False),
+])
+def test_notebook_table_nan_rows(line, is_row):
+    assert _fires_on_line("nan-loss-notebook-table", line) is is_row
 
 
 def test_healthy_fp16_run_with_skipped_first_steps_reports_nothing_bad(tmp_path):
