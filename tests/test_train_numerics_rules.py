@@ -177,3 +177,17 @@ def test_illegal_access_after_a_device_assert_is_its_consequence(tmp_path):
     assert report.findings[0].cause == "cuda.device_assert"
     illegal = [f for f in report.findings if f.cause == "cuda.illegal_access"]
     assert illegal and illegal[0].consequence_of is not None
+
+
+@pytest.mark.parametrize("rule_id, line, fires", [
+    ("cuda-launch-timeout", "RuntimeError: CUDA error: the launch timed out and was terminated", True),
+    ("cuda-launch-timeout", "RuntimeError: cuda runtime error (6) : the launch timed out and was terminated at x.cpp:36", True),
+    ("cuda-launch-timeout", "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9) ran for 600047 milliseconds "
+                            "before timing out.", False),
+    ("unsloth-labels-all-masked", "ValueError: Unsloth: train_on_responses_only masked every label to -100 in "
+                                  "train_dataset, so there is nothing to train on.", True),
+    ("unsloth-labels-all-masked", "Unsloth: Most labels in your dataset are -100.", True),
+    ("unsloth-labels-all-masked", "labels in your dataset are -100 (quoted from the Unsloth docs)", False),
+])
+def test_new_message_forms(rule_id, line, fires):
+    assert _fires_on_line(rule_id, line) is fires
