@@ -739,7 +739,8 @@ _ERRORISH_WORDS = ("error", "exception", "traceback", "fail", "fatal", "killed",
                    "core dumped", "out of memory", "nccl", "xid")
 
 
-def _errorish(text: str) -> bool:
+def is_errorish(text: str) -> bool:
+    """Does the line look like an error (for the tail shown when nothing is recognised)?"""
     low = text.lower()
     return any(word in low for word in _ERRORISH_WORDS)
 
@@ -997,11 +998,21 @@ class FactCollector:
                 self.values[k] = v
 
     # feeding ----------------------------------------------------------------------------------
-    def feed(self, line: Any) -> None:
-        """Take one normalised line (a reader.Line)."""
+    @property
+    def idle(self) -> bool:
+        """No multi-line record is open (traceback, memory summary, ChildFailedError box, wrapped OOM
+        message): what a line does then depends on its text alone."""
+        return not self._in_trace and self._memsum_lines is None and self._cf_lines is None \
+            and self._oom_pending is None
+
+    def feed(self, line: Any) -> bool:
+        """Take one normalised line (a reader.Line). Returns True when feeding the same text again
+        could change what is collected (beyond `ranks` and `error_tail`): the engine skips later
+        repeats of a line that returned False while `idle` (a warning printed every step)."""
         text = line.text
         if not text:
-            return
+            return False
+        touched = not self.idle
         if line.rank is not None:
             self.ranks.add(line.rank)
         if self._memsum_lines is not None:
@@ -1009,50 +1020,67 @@ class FactCollector:
         if self._cf_lines is not None:
             self._cf_feed(line)
         if "wandb:" in text:
-            self._wandb_feed(line)
+            touched |= self._wandb_feed(line)
         elif "loss" in text or "train_runtime" in text or "mem" in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
                     and ("{" in text or "=" in text or ":" in text):
-                self._metrics(line)
+                touched |= self._metrics(line)
         if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
             self._oom_feed(line)
+            touched = True
         if "Traceback" in text or self._in_trace or 'File "' in text:
             self._trace(line)
+            touched = True
         elif _EXC_RE.match(text):
             self._trace(line)
+            touched = True
         if "memory summary" in text and "PyTorch" in text:
             self._memsum_open(line)
+            touched = True
         elif "CUDA OOMs" in text and self._memsum_lines is None:
             self._memsum_open(line)
             self._memsum_feed(line)
+            touched = True
         if "NVRM" in text:
             self._xid(line)
+            touched = True
         if "ChildFailedError" in text or ("Root Cause" in text and self._cf_lines is None):
             self._cf_open(line)
+            touched = True
         if "ollective operation timeout" in text:
             self._timeout(line)
+            touched = True
         if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
             self._nccl_errors += 1
             self._evidence("dist", line)
+            touched = True
         if "nranks" in text or "nRanks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
-            self._world_size(text)
+            self._world_size(text)  # a running maximum: a repeat adds nothing
         if "ill" in text:
-            self._killed(line)
+            touched |= self._killed(line)
         if "Code 43" in text or "Problem Code" in text:
-            self._code43(line)
+            touched |= self._code43(line)
         if "trainable params" in text:
             m = _PEFT_RE.search(text)
             if m:
                 self._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
                 self._evidence("peft", line)
+                touched = True
         if "verflow" in text or "OVERFLOW" in text:
             self._overflow(line)
+            touched = True
         code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
         if code is not None and code in (137, -9):
             self._set_first({"killed.exit_code": code})
             self._evidence("killed", line)
-        if _errorish(text):
-            self.error_tail.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+            touched = True
+        if is_errorish(text):
+            self.note_errorish(line)
+        return touched
+
+    def note_errorish(self, line: Any) -> None:
+        """Keep an error-looking line for the "nothing recognised" tail."""
+        self.error_tail.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
 
     @property
     def table_open(self) -> bool:
@@ -1098,16 +1126,19 @@ class FactCollector:
             else:
                 self._table_columns = columns  # the rows ran to the block's end: they may go on
 
-    def _wandb_feed(self, line: Any) -> None:
-        """`wandb: Run summary:` and its `wandb:   train/loss nan` lines (the last run's wins)."""
+    def _wandb_feed(self, line: Any) -> bool:
+        """`wandb: Run summary:` and its `wandb:   train/loss nan` lines (the last run's wins).
+        True when the line was one of those."""
         if "Run summary" in line.text:
             self._wandb, self._wandb_line = {}, None
-            return
+            return True
         value = parse_wandb_value(line.text)
-        if value is not None:
-            self._wandb[value[0]] = value[1]
-            if value[0] == "loss" or self._wandb_line is None:
-                self._wandb_line = line
+        if value is None:
+            return False
+        self._wandb[value[0]] = value[1]
+        if value[0] == "loss" or self._wandb_line is None:
+            self._wandb_line = line
+        return True
 
     def _fallback_records(self) -> None:
         """Replay table rows, else the wandb summary as one final record, when the log holds no
@@ -1292,7 +1323,8 @@ class FactCollector:
                     self.values.update(summary.facts())
         self._memsum_lines = None
 
-    def _metrics(self, line: Any) -> None:
+    def _metrics(self, line: Any) -> bool:
+        """A metric record in a line (key=value forms, bar postfixes, odd dicts); True when one was found."""
         text = line.text
         if "%|" in text and ("it/s" in text or "s/it" in text):
             record = parse_bar_postfix(text)
@@ -1300,6 +1332,8 @@ class FactCollector:
             record = parse_metric_record(text)
         if record:
             self._record(record, lambda: line)
+            return True
+        return False
 
     def feed_dict_record(self, loss_text: bytes, rest: bytes, line_at: Callable[[], Any]) -> None:
         """Fast path for the engine: a Trainer dict `{'loss': <loss_text><rest>}` found in a raw
@@ -1718,7 +1752,8 @@ class FactCollector:
             return w["nproc"] * w.get("nnodes", 1)
         return None
 
-    def _killed(self, line: Any) -> None:
+    def _killed(self, line: Any) -> bool:
+        """OOM-killer and bare `Killed` lines; True when the line was one."""
         text = line.text
         kill = parse_oom_killer(text)
         if kill is not None:
@@ -1726,18 +1761,22 @@ class FactCollector:
             self._set_first({"killed.pid": kill.pid, "killed.process": kill.process,
                              "killed.anon_rss_bytes": kill.anon_rss_bytes})
             self._evidence("killed", line)
-        elif "Killed" in text and is_bare_killed(text):
+            return True
+        if "Killed" in text and is_bare_killed(text):
             self.values["killed.bare"] = True
             self._evidence("killed", line)
+            return True
+        return False
 
-    def _code43(self, line: Any) -> None:
+    def _code43(self, line: Any) -> bool:
         if not _CODE43_RE.search(line.text):
-            return
+            return False
         self.values["code43.present"] = True
         self._evidence("code43", line)
         d = _DEVICE_NAME_RE.search(line.text)
         if d and "code43.device" not in self.values:
             self.values["code43.device"] = d.group(1).strip()
+        return True
 
     # finishing --------------------------------------------------------------------------------
     def finish(self) -> Facts:
