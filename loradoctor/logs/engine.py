@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
-                                   Facts, parse_oom_message)
+                                   Facts, is_errorish, parse_oom_message)
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs import rules as rules_mod
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
@@ -32,6 +32,7 @@ GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
 LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings)
+INERT_MAX_BYTES = 2048  # longer lines are not remembered as inert (they rarely repeat verbatim)
 LINE_CACHE_MAX_CHARS = 2048
 FIRST_BLOCK_BYTES = 512 << 10  # a small first block: rules that match every metric line saturate early
 
@@ -200,8 +201,12 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     Trainer metric dicts (found by one regex over the raw block) to the collector's fast path."""
     matcher = Matcher(rules)
     states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
+    # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
+    # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
+    inert: dict[bytes, str] = {}
     oom_bar_done = False
     for item in inputs:
+        inert.clear()  # a line's rank can come from its file: repeats are judged per input
         base = 0
         done = 0
         ends_with_newline = True
@@ -248,6 +253,14 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 if not is_last_segment(view, seg) and _is_bar_bytes(raw):
                     continue  # an intermediate progress-bar redraw
                 lineno = base + count + 1
+                quote = inert.get(raw)
+                if quote is not None and collector.idle:
+                    # a repeat of a line that changed nothing (a warning printed every step): only
+                    # the "error-looking lines" tail wants to know where it was
+                    if quote:
+                        collector.error_tail.append(Evidence(file=item.path, line=lineno, text=quote))
+                    continue
+                was_idle = collector.idle
                 line = reader.make_line(raw, item.path, lineno, item.rank, input_index=item.index)
                 if line.rank is not None:
                     item.ranks.add(line.rank)
@@ -261,8 +274,12 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         collector.set_progress(*bar)
                     collector.records_before_oom = records_before + (
                         _records_before_line(block, lineno - base) if has_records else 0)
-                collector.feed(line)
-                _match_line(line, matcher, rules, states)
+                touched = collector.feed(line)
+                matched = _match_line(line, matcher, rules, states)
+                if was_idle and not touched and not matched and len(raw) <= INERT_MAX_BYTES:
+                    if len(inert) >= LINE_CACHE_ENTRIES:
+                        inert.clear()
+                    inert[raw] = line.quote() if is_errorish(line.text) else ""
             base += count + view.count(b"\n", pos)
             matcher.refresh(states, sample)
             ends_with_newline = block.endswith(b"\n")
@@ -343,8 +360,9 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[
     return line_at
 
 
-def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> None:
-    """Try the line against the rules whose literals it holds. What a line's text does to the
+def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
+    """Try the line against the rules whose literals it holds; True when a pattern, require_all or
+    exclude regex matched. What a line's text does to the
     rules (which targets, which pattern match) is remembered for repeated lines: a warning
     printed every step then costs one dict lookup. Rule states only ever saturate (more
     matches, require met, exclude seen), so a target skipped because its rule was saturated
@@ -352,6 +370,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     text = line.text
     cache = matcher.line_cache
     results = cache.get(text)
+    matched = False
     if results is None:
         results = []
         for kind, i, j in matcher.hits(text):
@@ -377,6 +396,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     for kind, i, j, m in results:
         if m is None:
             continue
+        matched = True
         state = states[i]
         if kind == "p":
             if len(state.matches) < MAX_MATCH_EVIDENCE:
@@ -385,6 +405,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
             state.required[j] = True
         else:
             state.excluded = True
+    return matched
 
 
 # ---------------------------------------------------------------------------------------------
