@@ -63,3 +63,19 @@ def test_mps_message_publishes_numbers():
                  "max allowed: 14.36 GB). Tried to allocate 224.00 MB on private pool."])
     assert f["oom.era"] == "mps" and f["oom.requested_bytes"] == 224 * MIB
     assert f["oom.allowed_bytes"] == parse_size("14.36 GiB")
+
+
+def test_ipex_xpu_message_without_free_figure():
+    f = collect(["RuntimeError: XPU out of memory. Tried to allocate 1.96 GiB (GPU 0; 15.56 GiB total capacity; "
+                 "13.74 GiB already allocated; 14.19 GiB reserved in total by PyTorch)"])
+    assert f["oom.era"] == "ipex" and f["oom.total_bytes"] == parse_size("15.56 GiB")
+    assert f["oom.reserved_unallocated_bytes"] == parse_size("14.19 GiB") - parse_size("13.74 GiB")
+    assert "oom.free_bytes" not in f
+
+
+def test_upstream_xpu_message_reads_like_hip():
+    f = collect(["torch.OutOfMemoryError: XPU out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                 "of 47.98 GiB of which 1.41 GiB is free. Of the allocated memory 33.70 GiB is allocated by PyTorch, "
+                 "and 12.61 GiB is reserved by PyTorch but unallocated."])
+    assert f["oom.reserved_unallocated_bytes"] == parse_size("12.61 GiB")
+    assert f["oom.other_unaccounted_bytes"] == parse_size("47.98 GiB") - parse_size("1.41 GiB") - f["oom.reserved_bytes"]

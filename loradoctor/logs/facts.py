@@ -103,6 +103,8 @@ _OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )
 _OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
 _OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
+_OOM_IPEX_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+                          + r" reserved in total by PyTorch\)")
 _OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
 _OOM_PROCESS_RE = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
 _OOM_THIS_RE = re.compile(r"this process has " + _SIZE + r" memory in use")
@@ -186,6 +188,16 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
         return _drop_implausible(msg)
+    ipex = _OOM_IPEX_RE.search(rest)
+    if ipex:
+        # intel-extension-for-pytorch's XPU message: the G1 layout without the free figure
+        msg = OomMessage(era="ipex", requested_bytes=requested, device_index=int(ipex.group(1)),
+                         total_bytes=_size(ipex.group(2)), allocated_bytes=_size(ipex.group(3)),
+                         reserved_bytes=_size(ipex.group(4)), hint=hint)
+        msg = _drop_implausible(msg)
+        if msg.reserved_bytes is not None and msg.allocated_bytes is not None:
+            msg.reserved_unallocated_bytes = max(0, msg.reserved_bytes - msg.allocated_bytes)
+        return msg
     if m.group(2):
         era = "generic"
     elif "capacty" in rest:
@@ -232,10 +244,10 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
         if msg.reserved_bytes is not None:
             msg.non_pytorch_bytes = max(0, msg.this_process_bytes - msg.reserved_bytes)
-    elif m.group(1) == "HIP" and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) \
+    elif m.group(1) in ("HIP", "XPU") and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) \
             and msg.other_process_bytes is None:
-        # ROCm builds print no NVML process clauses at all: as in G1/G2, total - free - reserved is
-        # what other processes (plus this process's context) hold
+        # ROCm and XPU builds print no NVML process clauses at all: as in G1/G2, total - free -
+        # reserved is what other processes (plus this process's context) hold
         msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
     return msg
 
