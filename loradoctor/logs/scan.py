@@ -140,17 +140,20 @@ class Prefilter:
                 return _FREQ[b] / 1000.0
             return segs.get(b, 0) / max(1, len(sample))
 
+        # how common each byte is, as a case-sensitive and as a case-insensitive literal sees it
+        # (one table per plan: a weight per byte of every literal was thousands of calls)
+        weight_cs = [freq(b) for b in range(256)]
+        weight_ci = list(weight_cs)
+        for b in range(256):
+            c = chr(b)
+            if c.isalpha() and b < 128:
+                weight_ci[b] = weight_cs[ord(c.lower())] + weight_cs[ord(c.upper())]
         anchor_bytes: set[int] = set()
         by_byte: dict[int, list[tuple[bytes, bool]]] = {}
         self._alone_cs: list[bytes] = []
         self._alone_ci: list[bytes] = []
         for data, ci in self._kept:
-            def weight(b: int) -> float:
-                c = chr(b)
-                if ci and c.isalpha():
-                    return freq(ord(c.lower())) + freq(ord(c.upper()))
-                return freq(b)
-
+            weight = (weight_ci if ci else weight_cs).__getitem__
             best = min(data, key=weight)
             limit = ANCHOR_MAX_SHARE if sample else COMMON_BYTE_SHARE
             if weight(best) > limit and len(data) >= 3:
