@@ -48,7 +48,9 @@ def _fires_on_line(rule_id: str, text: str) -> bool:
     ("Instantiating LlamaForCausalLM model under default dtype torch.float16.", True),
     ('  "torch_dtype": "float16",', False),   # a checkpoint's config.json, not the run
     ("   \\   /|    GPU: Tesla T4. Max memory: 14.741 GB. Platform: Linux.", True),
-    ("   \\   /|    GPU: NVIDIA A100-SXM4-40GB. Max memory: 39.39 GB. Platform: Linux.", False),
+    ("   \\   /|    GPU: NVIDIA A100-SXM4-40GB. Max memory: 39.39 GB. Platform: Linux.", False),    ("2024-09-20 17:24:23 INFO     unet dtype: torch.float16, device: cuda:0    train_network.py:1058", True),
+    ("    INFO     text_encoder [1] dtype: torch.float16, device: cuda:0", True),
+    ("2025-07-10 12:52:16 INFO     unet dtype: torch.bfloat16, device: cuda:0", False),
 ])
 def test_fp16_evidence_lines(line, is_fp16):
     assert _fires_on_line("fp16-nan-loss", line) is is_fp16
@@ -191,3 +193,15 @@ def test_illegal_access_after_a_device_assert_is_its_consequence(tmp_path):
 ])
 def test_new_message_forms(rule_id, line, fires):
     assert _fires_on_line(rule_id, line) is fires
+
+
+@pytest.mark.parametrize("line, fires", [
+    ('ValueError: Trying to set a tensor of shape torch.Size([32000, 4096]) in "weight" (which has shape '
+     'torch.Size([49013, 4096])), this look incorrect.', True),
+    ('ValueError: Trying to set a tensor of shape torch.Size([128256, 8192]) in "weight" (which has shape '
+     'torch.Size([0])), this looks incorrect.', False),          # ZeRO-3 placeholder, not a vocabulary
+    ('ValueError: Trying to set a tensor of shape torch.Size([11008, 4096]) in "weight" (which has shape '
+     'torch.Size([13824, 4096])), this looks incorrect.', False),  # MLP widths: another model, not a vocabulary
+])
+def test_set_tensor_vocab_mismatch(line, fires):
+    assert _fires_on_line("vocab-size-mismatch-set-tensor", line) is fires
