@@ -205,3 +205,19 @@ def test_new_message_forms(rule_id, line, fires):
 ])
 def test_set_tensor_vocab_mismatch(line, fires):
     assert _fires_on_line("vocab-size-mismatch-set-tensor", line) is fires
+
+
+def test_printed_loss_tensors_need_a_finite_print_and_fp16(tmp_path):
+    finite_then_nan = "tensor(2.4410, device='cuda:0')\n" + "tensor(nan, device='cuda:0')\n" * 4
+    half = "model = AutoModel.from_pretrained(name).half().cuda()\n"
+    fires = lambda text: "printed-loss-tensor-nan-fp16" in [f.rule for f in _explain(tmp_path, text).findings]
+    assert fires(half + finite_then_nan)
+    assert not fires(finite_then_nan)                                     # precision not shown
+    assert not fires(half + "tensor(nan, device='cuda:0')\n" * 5)         # nan from the first print
+
+
+def test_meta_tensor_error_is_device_placement(tmp_path):
+    text = ("Some parameters are on the meta device because they were offloaded to the cpu.\n"
+            "NotImplementedError: Cannot copy out of meta tensor; no data! Please use torch.nn.Module.to_empty() "
+            "instead of torch.nn.Module.to() when moving module from meta to a different device.\n")
+    assert _explain(tmp_path, text).findings[0].cause == "train.device_mismatch"
