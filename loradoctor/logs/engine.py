@@ -361,8 +361,9 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[
 
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
-    """Try the line against the rules whose literals it holds; True when a pattern, require_all or
-    exclude regex matched. What a line's text does to the
+    """Try the line against the rules whose literals it holds; True when a match changed a rule's
+    state (a new piece of evidence, a require_all met, an exclude seen): once a rule needs no more,
+    its matches change nothing, and a repeat of the line can be skipped. What a line's text does to the
     rules (which targets, which pattern match) is remembered for repeated lines: a warning
     printed every step then costs one dict lookup. Rule states only ever saturate (more
     matches, require met, exclude seen), so a target skipped because its rule was saturated
@@ -396,15 +397,18 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     for kind, i, j, m in results:
         if m is None:
             continue
-        matched = True
         state = states[i]
         if kind == "p":
             if len(state.matches) < MAX_MATCH_EVIDENCE:
                 state.matches.append((line, m))
+                matched = True
         elif kind == "r":
-            state.required[j] = True
-        else:
+            if not state.required[j]:
+                state.required[j] = True
+                matched = True
+        elif not state.excluded:
             state.excluded = True
+            matched = True
     return matched
 
 
