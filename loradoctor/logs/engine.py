@@ -204,6 +204,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
     inert: dict[bytes, str] = {}
+    changed = True  # some rule state changed since the last refresh of the literals
     oom_bar_done = False
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
@@ -276,12 +277,15 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         _records_before_line(block, lineno - base) if has_records else 0)
                 touched = collector.feed(line)
                 matched = _match_line(line, matcher, rules, states)
+                changed |= matched
                 if was_idle and not touched and not matched and len(raw) <= INERT_MAX_BYTES:
                     if len(inert) >= LINE_CACHE_ENTRIES:
                         inert.clear()
                     inert[raw] = line.quote() if is_errorish(line.text) else ""
             base += count + view.count(b"\n", pos)
-            matcher.refresh(states, sample)
+            if changed:  # only a changed rule state can make a literal unneeded
+                matcher.refresh(states, sample)
+                changed = False
             ends_with_newline = block.endswith(b"\n")
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
