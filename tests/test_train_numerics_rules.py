@@ -221,3 +221,22 @@ def test_meta_tensor_error_is_device_placement(tmp_path):
             "NotImplementedError: Cannot copy out of meta tensor; no data! Please use torch.nn.Module.to_empty() "
             "instead of torch.nn.Module.to() when moving module from meta to a different device.\n")
     assert _explain(tmp_path, text).findings[0].cause == "train.device_mismatch"
+
+
+def test_multinomial_kernel_assert_is_nan_probabilities_with_the_assert_as_consequence(tmp_path):
+    text = ("../aten/src/ATen/native/cuda/MultinomialKernel.cu:112: binarySearchForMultinomial: block: [0,0,0], "
+            "thread: [0,0,0] Assertion `cumdist[size - 1] > static_cast<scalar_t>(0)` failed.\n"
+            "    next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)\n"
+            "RuntimeError: CUDA error: device-side assert triggered\n")
+    report = _explain(tmp_path, text)
+    assert report.findings[0].rule == "generate-nan-probabilities"
+    asserts = [f for f in report.findings if f.cause == "cuda.device_assert"]
+    assert asserts and asserts[0].consequence_of is not None
+
+
+def test_index_assert_alone_stays_the_root(tmp_path):
+    text = ("../aten/src/ATen/native/cuda/Indexing.cu:1289: indexSelectLargeIndex: block: [9,0,0], thread: [0,0,0] "
+            "Assertion `srcIndex < srcSelectDimSize` failed.\nRuntimeError: CUDA error: device-side assert triggered\n")
+    report = _explain(tmp_path, text)
+    assert report.findings[0].cause == "cuda.device_assert"
+    assert report.findings[0].consequence_of is None
