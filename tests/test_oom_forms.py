@@ -79,3 +79,14 @@ def test_upstream_xpu_message_reads_like_hip():
                  "and 12.61 GiB is reserved by PyTorch but unallocated."])
     assert f["oom.reserved_unallocated_bytes"] == parse_size("12.61 GiB")
     assert f["oom.other_unaccounted_bytes"] == parse_size("47.98 GiB") - parse_size("1.41 GiB") - f["oom.reserved_bytes"]
+
+
+def test_memory_summary_rows_behind_a_logger_prefix():
+    rows = ["|                  PyTorch CUDA memory summary, device ID 0                 |",
+            "|            CUDA OOMs: 3            |        cudaMalloc retries: 214       |",
+            "| Allocated memory      |  14871 MiB |  20913 MiB |   1911 GiB |   1896 GiB |",
+            "| GPU reserved memory   |  22208 MiB |  22400 MiB |  61002 MiB |  38794 MiB |",
+            "| Non-releasable memory |   7336 MiB |   9120 MiB |   1731 GiB |   1724 GiB |"]
+    f = collect(["INFO:__main__:" + r for r in rows] + ["done"])
+    assert f["memsum.oom_count"] == 3 and f["memsum.alloc_retries"] == 214
+    assert f["memsum.non_releasable_bytes"] == 7336 * MIB and f["memsum.reserved_bytes"] == 22208 * MIB

@@ -1322,8 +1322,11 @@ class FactCollector:
         if line.lineno - self._memsum_start > 80 or self._memsum_lines is None:
             self._memsum_close()
             return
-        if line.text.startswith("|") or "CUDA OOMs" in line.text:
-            self._memsum_lines.append(line.text)
+        text = line.text
+        if "|" in text and not text.startswith("|"):
+            text = text[text.index("|"):]  # a logger prefix: `INFO:__main__:| Allocated memory | ...`
+        if text.startswith("|") or "CUDA OOMs" in text:
+            self._memsum_lines.append(text)
 
     def _memsum_close(self) -> None:
         if self._memsum_lines:
