@@ -240,3 +240,16 @@ def test_index_assert_alone_stays_the_root(tmp_path):
     report = _explain(tmp_path, text)
     assert report.findings[0].cause == "cuda.device_assert"
     assert report.findings[0].consequence_of is None
+
+
+@pytest.mark.parametrize("text, cause", [
+    ("fp16=True,\nTrainOutput(global_step=60, training_loss=nan, metrics={'train_loss': nan})\n", "nan.fp16_overflow"),
+    ("bf16=True,\nTrainOutput(global_step=60, training_loss=nan, metrics={'train_loss': nan})\n", None),
+    ("TrainOutput(global_step=120, training_loss=0.0, metrics={'train_loss': 0.0})\n", "loss.zero"),
+    ("  Continuing training from checkpoint, will skip to saved global_step\n"
+     "TrainOutput(global_step=500, training_loss=0.0, metrics={'train_loss': 0.0})\n", None),
+    ("TrainOutput(global_step=120, training_loss=0.0213, metrics={'train_loss': 0.0213})\n", None),
+])
+def test_trainoutput_only_pastes(tmp_path, text, cause):
+    findings = _explain(tmp_path, text).findings
+    assert (findings[0].cause if findings else None) == cause
