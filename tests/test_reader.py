@@ -225,3 +225,20 @@ def test_case_insensitive_literal_is_not_dropped_for_a_case_sensitive_one():
     pre = Prefilter([Literal("rror"), Literal("error", ignore_case=True)])
     block = b"ok\nFATAL ERROR HERE\nxx\n"
     assert [block[s.start:s.end] for s in pre.candidates(block)] == [b"FATAL ERROR HERE"]
+
+
+def test_html_escaped_block_is_unescaped():
+    from loradoctor.logs.reader import unescape_html
+
+    raw = b'  File "train.py", line 3, in &lt;module&gt;\n{&#39;loss&#39;: 1.2} &quot;x&quot; &amp;&amp;\n'
+    assert unescape_html(raw) == b'  File "train.py", line 3, in <module>\n{\'loss\': 1.2} "x" &&\n'
+    plain = b"a && b; x = &y\n"  # no escaped markup: left alone
+    assert unescape_html(plain) is plain
+
+
+def test_markdown_quote_markers_are_peeled():
+    from loradoctor.logs.reader import normalise
+
+    text, original, rank, _, _ = normalise("> [rank1]: torch.OutOfMemoryError: CUDA out of memory.")
+    assert text == "torch.OutOfMemoryError: CUDA out of memory." and rank == 1
+    assert normalise(">>   File \"x.py\", line 1")[0] == 'File "x.py", line 1'

@@ -252,11 +252,33 @@ def _plain_fileno(stream: BinaryIO, item: Input) -> Optional[int]:
         return None
 
 
+# A log copied out of a web page (an issue rendered as HTML) arrives with its markup escaped:
+# `&lt;module&gt;`, `&#39;loss&#39;`. Such a block is unescaped before anything reads it.
+_HTML_MARKERS = (b"&lt;", b"&gt;", b"&quot;", b"&#39;", b"&#x27;")
+_HTML_ENTITIES = ((b"&lt;", b"<"), (b"&gt;", b">"), (b"&quot;", b'"'), (b"&#39;", b"'"), (b"&#x27;", b"'"),
+                  (b"&#34;", b'"'), (b"&nbsp;", b" "), (b"&amp;", b"&"))
+
+
+def unescape_html(block: bytes) -> bytes:
+    """`&lt;module&gt;` -> `<module>` when the block holds HTML-escaped text (else unchanged, fast)."""
+    if b"&" not in block or not any(marker in block for marker in _HTML_MARKERS):
+        return block
+    for entity, plain in _HTML_ENTITIES:
+        block = block.replace(entity, plain)
+    return block
+
+
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
-    content raises UserError. `first_block_bytes` makes the first read smaller (the engine learns
-    from it which rules are already satisfied before reading big blocks)."""
+    content raises UserError; HTML-escaped text is unescaped. `first_block_bytes` makes the first
+    read smaller (the engine learns from it which rules are already satisfied before reading big
+    blocks)."""
+    for block in _raw_blocks(item, block_bytes, first_block_bytes):
+        yield unescape_html(block)
+
+
+def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int]) -> Iterator[bytes]:
     try:
         stream = open_input(item)
     except OSError as exc:
@@ -451,10 +473,15 @@ def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
     return text[start:start + limit]
 
 
+_QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown quote markers of a log pasted into a reply
+
+
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:
     """Raw decoded line -> (text for rules, original trimmed, rank, timestamp, time_s)."""
     if "\x1b" in raw:
         raw = _ANSI_RE.sub("", raw)
+    if raw[:1] == ">":
+        raw = _QUOTE_RE.sub("", raw, count=1)
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()
