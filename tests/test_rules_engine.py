@@ -521,3 +521,33 @@ def test_derived_literals_need_letters_not_just_digits():
     assert derive_literals(r" 43\b") is None
     assert derive_literals(r"exitcode\s*:\s*-9") == [("exitcode", False)]
     assert derive_literals(r"\(Code 43\)") == [("(Code 43)", False)]
+
+
+def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
+    """A note or warning (the use_cache notice in every LoRA log) never becomes the parent of a
+    crash, even when the crash's rule lists its cause in consequence_of."""
+    from loradoctor.logs.engine import explain
+    from loradoctor.logs.rules import load_rules
+
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "x.yaml").write_text(
+        "rules:\n"
+        "  - id: t-note\n    cause: train.use_cache_conflict\n    title: A note\n    severity: info\n"
+        "    confidence: high\n    summary: note\n    patterns: ['ZZNOTE here']\n"
+        "  - id: t-crash\n    cause: dist.nccl_timeout\n    title: A crash\n    severity: error\n"
+        "    confidence: medium\n    summary: crash\n    patterns: ['ZZCRASH here']\n"
+        "    consequence_of: ['train.*']\n", encoding="utf-8")
+    log = tmp_path / "a.log"
+    log.write_text("ZZNOTE here\nstep 1\nZZCRASH here\n", encoding="utf-8")
+    rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
+    findings = explain([str(log)], rules=rules).findings
+    assert [f.rule for f in findings] == ["t-crash", "t-note"]
+    assert findings[0].consequence_of is None
+    # the same note as an error is a root, and the crash is placed after it
+    (folder / "x.yaml").write_text((folder / "x.yaml").read_text().replace("severity: info", "severity: error"))
+    from loradoctor.logs import rules as R
+    R._CACHE.clear()
+    rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
+    findings = explain([str(log)], rules=rules).findings
+    assert [f.rule for f in findings] == ["t-note", "t-crash"] and findings[1].consequence_of == "t-note"

@@ -529,29 +529,30 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
                       [group_of(n) for n in log_numbers + env_numbers], values)
 
 
-def _compare(a: _Candidate, b: _Candidate) -> int:
-    if a.rule.generic != b.rule.generic:
-        return 1 if a.rule.generic else -1
-    if a.score != b.score:
-        return -1 if a.score > b.score else 1
-    ta, tb = a.earliest[0], b.earliest[0]
-    if ta is not None and tb is not None and ta != tb:
-        return -1 if ta < tb else 1
-    ka, kb = a.earliest[1:], b.earliest[1:]
-    if ka != kb:
-        return -1 if ka < kb else 1
-    return 0
+def _order_key(c: _Candidate, use_time: bool) -> tuple:
+    """Where a candidate's earliest evidence sits: (time, input, line) when every candidate has a
+    time, else (input, line). One rule for the whole ranking keeps the order transitive (comparing
+    by time only when both of a pair have one could make A < B < C < A)."""
+    t, index, lineno = c.earliest[0], c.earliest[1], c.earliest[2]
+    return (t, index, lineno) if use_time else (index, lineno)
+
+
+def _uses_time(cands: list[_Candidate]) -> bool:
+    return bool(cands) and all(c.earliest[0] is not None for c in cands)
 
 
 def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
     """Order: generic last, higher score first, earliest evidence first; then consequences placed
-    right after the finding whose cause they follow from; each finding gets a why_rank."""
-    ordered = sorted(cands, key=cmp_to_key(_compare))
+    right after the finding whose cause they follow from; each finding gets a why_rank. Only an
+    error can be the root of a consequence: a warning or a note (the `use_cache` notice in every
+    LoRA log, a dtype warning 2000 healthy steps earlier) does not make a run die."""
+    use_time = _uses_time(cands)
+    ordered = sorted(cands, key=lambda c: (c.rule.generic, -c.score, _order_key(c, use_time)))
     parent: dict[int, _Candidate] = {}
     # latest evidence first: when two findings name each other, the earlier one is the root
-    for c in sorted(ordered, key=cmp_to_key(lambda a, b: -_time_order(a, b))):
+    for c in sorted(ordered, key=lambda c: _order_key(c, use_time), reverse=True):
         for p in ordered:
-            if p is c or not c.rule.is_consequence_of(p.rule.cause):
+            if p is c or p.rule.severity != "error" or not c.rule.is_consequence_of(p.rule.cause):
                 continue
             if parent.get(id(p)) is c or _ancestor(p, c, parent):
                 continue
@@ -586,14 +587,6 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
     for i, c in enumerate(final):
         c.finding.why_rank = _why(c, final, i, parent)
     return final
-
-
-def _time_order(a: _Candidate, b: _Candidate) -> int:
-    ta, tb = a.earliest[0], b.earliest[0]
-    if ta is not None and tb is not None and ta != tb:
-        return -1 if ta < tb else 1
-    ka, kb = a.earliest[1:], b.earliest[1:]
-    return 0 if ka == kb else (-1 if ka < kb else 1)
 
 
 def _ancestor(p: _Candidate, c: _Candidate, parent: dict[int, _Candidate]) -> bool:
