@@ -822,3 +822,34 @@ def test_parse_wandb_value(text, expected):
 
     got = parse_wandb_value(text)
     assert (got and (got[0], str(got[1]))) == (expected and (expected[0], str(float(expected[1]))))
+
+
+def test_spaced_metric_lines_are_records():
+    from loradoctor.logs.facts import parse_metric_record
+
+    mlx = "Iter 75: Train loss 3.316, Learning Rate 1.000e-04, It/sec 0.52, Tokens/sec 411.2, Peak mem 18.2 GB"
+    assert parse_metric_record(mlx) == {"loss": 3.316, "learning_rate": 1e-4}
+    rec = parse_metric_record("step 100 | loss nan | lr 2e-4 | grad_norm 0.8")
+    assert math.isnan(rec["loss"]) and rec["learning_rate"] == 2e-4 and rec["grad_norm"] == 0.8
+    assert parse_metric_record("Iter 80: Val loss 2.901, Val took 12.3s") is None  # validation, not training
+    assert parse_metric_record("we expected a loss 2 times lower") is None  # prose: no step at the start
+
+
+def test_markdown_table_separator_row_does_not_end_the_table(tmp_path):
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "nb.log"
+    log.write_text("| Step | Training Loss |\n|------|---------------|\n| 10   | 2.1000 |\n| 20   | nan |\n")
+    facts = explain([str(log)]).facts
+    assert facts["metrics.steps"] == 2 and facts["metrics.loss_nan_count"] == 1
+
+
+def test_old_deepspeed_overflow_wording_counts(tmp_path):
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "ds.log"
+    log.write_text("".join(f"[2024-05-01 10:00:{i:02d}] Overflow detected. Skipping step. Attempted loss scale: "
+                           f"{2 ** (10 - i)}, reducing to {2 ** (9 - i)}\n" for i in range(10)))
+    facts = explain([str(log)]).facts
+    assert facts["metrics.overflow_skips"] == 10
+    assert facts["metrics.loss_scale_min"] == 1.0

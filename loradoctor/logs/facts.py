@@ -32,7 +32,8 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
     ("loss=", False), ("loss:", False), ("wandb:", False), ("eval_loss", False), ("train_runtime", False), ("trainable params", False),
     ("mem=", False), ("memory/", False),
-    ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False),
+    ("rain loss ", False), ("| loss ", False),  # mlx-lm `Iter 75: Train loss 3.3`, `step 9 | loss 2.3 | lr ...`
+    ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
     ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
     ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
     ("ChildFailedError", False), ("Root Cause", False), ("local_rank", False), ("exitcode", False),
@@ -364,6 +365,14 @@ def _float(text: str) -> float:
     return float(text)
 
 
+_ITER_LINE_RE = re.compile(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
+_SPACED_METRIC_RE = re.compile(
+    r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
+    r"\s+(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)
+_SPACED_KEYS = {"train loss": "loss", "training loss": "loss", "loss": "loss", "learning rate": "learning_rate",
+                "lr": "learning_rate", "grad norm": "grad_norm"}
+
+
 def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     """`{'loss': 1.23, 'grad_norm': nan, 'learning_rate': 2e-05}` or `loss=1.23 lr=2e-5` or
     `loss: 1.23` -> {'loss': 1.23, 'grad_norm': nan, ...}. Bare nan/inf are accepted (which
@@ -377,6 +386,16 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
         except ValueError:
             continue
         out[key] = (value, m.group(3)) if m.group(3) else value
+    if not out and _ITER_LINE_RE.match(text):
+        # `Iter 75: Train loss 3.316, Learning Rate 1.000e-04` (mlx-lm), `step 100 | loss 2.31 | lr 2e-4`:
+        # names and numbers separated by a space, on a line that starts with its step
+        for m in _SPACED_METRIC_RE.finditer(text):
+            try:
+                out.setdefault(_SPACED_KEYS[m.group(1).lower().replace("_", " ")], _float(m.group(2)))
+            except (ValueError, KeyError):
+                continue
+        if "loss" not in out:
+            return None
     return out or None
 
 
@@ -744,6 +763,9 @@ _PEFT_RE = re.compile(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\
 _FLOAT = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 _APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
 _DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
+# older DeepSpeed / fused optimizers: "Overflow detected. Skipping step. Attempted loss scale: 1024, reducing to 512"
+_OLD_OVERFLOW_RE = re.compile(r"Overflow detected\.\s+Skipping step\.?(?:.*(?:reducing to|[Aa]ttempted loss scale:)\s*"
+                              + _FLOAT + ")?")
 # Words that make a line "error-looking" (shown when nothing is recognised), matched on the lower-cased
 # line with plain `in` tests: a case-insensitive regex alternation cost ~25 us a line, most of the
 # collector's time on a busy log.
@@ -776,6 +798,7 @@ _TABLE_HEAD_RE = re.compile(rb"^[ \t|]*(?:Step|Epoch)[ \t|]+Training Loss(?![\w]
 _TABLE_CELL = r"(?:No log|None|-|" + _NUMBER + r")"
 _TABLE_ROW_RE = re.compile(r"^[ \t|]*\d+(?:\.\d+)?(?:[ \t|]+" + _TABLE_CELL + r")+[ \t|]*$")
 _TABLE_CELL_RE = re.compile(r"No log|[^\s|]+")
+_TABLE_RULE_RE = re.compile(r"^[ \t|:+=\-]*-{3}[ \t|:+=\-]*$")  # a markdown / ascii separator row
 _TABLE_COLUMN_RE = re.compile(r"Training Loss|Validation Loss|Train Loss|Eval Loss|Grad Norm|Learning Rate|[^\s|]+")
 _TABLE_KEYS = {"step": "step", "epoch": "epoch", "training loss": "loss", "train loss": "loss",
                "validation loss": "eval_loss", "eval loss": "eval_loss", "grad norm": "grad_norm",
@@ -1035,7 +1058,7 @@ class FactCollector:
             touched |= self._wandb_feed(line)
         elif "loss" in text or "train_runtime" in text or "mem" in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
-                    and ("{" in text or "=" in text or ":" in text):
+                    and ("{" in text or "=" in text or ":" in text or "|" in text):
                 touched |= self._metrics(line)
         if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
             self._oom_feed(line)
@@ -1127,6 +1150,9 @@ class FactCollector:
                 raw = block[pos:end]
                 text = raw.decode("utf-8", "replace").strip()
                 record = parse_table_row(text, columns) if text else None
+                if record is None and not rows and _TABLE_RULE_RE.match(text):
+                    pos, lineno = end + 1, lineno + 1  # `|------|:---:|` under a markdown header
+                    continue
                 if record is None:
                     if text or rows:
                         break  # the table ends at the first line that is no row
@@ -1678,7 +1704,8 @@ class FactCollector:
         self.mem_series.add(self._records, float(value))
 
     def _overflow(self, line: Any) -> None:
-        m = _APEX_OVERFLOW_RE.search(line.text) or _DS_OVERFLOW_RE.search(line.text)
+        text = line.text
+        m = _APEX_OVERFLOW_RE.search(text) or _DS_OVERFLOW_RE.search(text) or _OLD_OVERFLOW_RE.search(text)
         if not m:
             return
         self._overflows += 1
