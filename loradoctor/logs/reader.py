@@ -355,6 +355,13 @@ _BOX_CHARS = "│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝
 _RANK_PREFIX_RE = re.compile(
     r"^\s*(?:\[(?:rank|default|Rank)\s?(\d+)\]\s*:?|(?:rank|Rank)(\d+)\s*:|\[\d+,(\d+)\]<std(?:out|err)>:)\s?"
 )
+# `srun --label` puts the task number first: `3: RuntimeError: ...`
+_SRUN_LABEL_RE = re.compile(r"^(\d{1,4}): (?=\S)")
+# docker compose (`trainer-1  | `, v1 `proj_trainer_1 | `), the CRI stream tag kubelet writes
+# after its timestamp (`2024-05-01T10:00:00.12Z stdout F `), and the host pdsh puts before every line
+# of a multi-node DeepSpeed launch (`worker-0: `, `node07: `, `10.0.0.12: `)
+_SOURCE_PREFIX_RE = re.compile(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FP] |"
+                               r"(?:worker|node|host|gpu|compute|trainer)[-_]?\d+: |\d{1,3}(?:\.\d{1,3}){3}: )")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 _SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\S+) ([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
 _DMESG_UPTIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")
@@ -379,13 +386,23 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
     rank: Optional[int] = None
     stamp: Optional[str] = None
     time_s: Optional[float] = None
-    for _ in range(4):
+    for _ in range(5):
         m = _RANK_PREFIX_RE.match(text)
         if m:
             value = m.group(1) or m.group(2) or m.group(3)
             rank = int(value)
             text = text[m.end():]
             continue
+        m = _SOURCE_PREFIX_RE.match(text)
+        if m:
+            text = text[m.end():]
+            continue
+        if rank is None and text[:1].isdigit():
+            m = _SRUN_LABEL_RE.match(text)
+            if m:
+                rank = int(m.group(1))
+                text = text[m.end():]
+                continue
         if text[:1] == "[":
             m = _DMESG_UPTIME_RE.match(text)
             if m:
