@@ -551,3 +551,16 @@ def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
     findings = explain([str(log)], rules=rules).findings
     assert [f.rule for f in findings] == ["t-note", "t-crash"] and findings[1].consequence_of == "t-note"
+
+
+def test_optional_template_parts_vanish_when_a_value_is_missing():
+    import re
+
+    from loradoctor.logs.rules import check_template, render_template
+
+    tpl = "timed out[[ (joined {match.1} of {match.2})]]; grad_norm {metrics.grad_norm_max}[[, first {metrics.grad_norm_first}]]"
+    assert check_template(tpl) == []
+    m = re.search(r"(\d+) of (\d+)", "3 of 8")
+    assert render_template(tpl, {"metrics.grad_norm_max": 9.5, "metrics.grad_norm_first": 0.5}, m) == \
+        "timed out (joined 3 of 8); grad_norm 9.5, first 0.5"
+    assert render_template(tpl, {}, None) == "timed out; grad_norm ?"

@@ -386,22 +386,41 @@ def check_template(template: str) -> list[str]:
     return problems
 
 
+_OPTIONAL_RE = re.compile(r"\[\[(.*?)\]\]", re.S)
+
+
 def render_template(template: str, facts: Mapping[str, Any], match: Any = None) -> str:
-    """Fill `{fact.name|filter}` and `{match.N}` / `{match.name}`; a missing value prints `?`."""
+    """Fill `{fact.name|filter}` and `{match.N}` / `{match.name}`; a missing value prints `?`,
+    except inside `[[ ... ]]`, an optional part left out whole when any value in it is missing
+    (`[[ (joined {match.1} of {match.2})]]`)."""
+    missing: list[bool] = []
+
     def fill(m: re.Match) -> str:
         name, filt = m.group(1), m.group(2)
         if name.startswith("match."):
             key = name[6:]
-            if match is None:
+            value = None
+            if match is not None:
+                try:
+                    value = match.group(int(key) if key.isdigit() else key)
+                except (IndexError, KeyError, ValueError):
+                    value = None
+            if value is None:
+                missing.append(True)
                 return "?"
-            try:
-                value = match.group(int(key) if key.isdigit() else key)
-            except (IndexError, KeyError, ValueError):
-                return "?"
-            return "?" if value is None else value
+            return value
+        if facts.get(name) is None:
+            missing.append(True)
         return format_value(name, facts.get(name), filt)
 
-    return " ".join(_PLACEHOLDER_RE.sub(fill, template).split())
+    def optional(m: re.Match) -> str:
+        missing.clear()
+        text = _PLACEHOLDER_RE.sub(fill, m.group(1))
+        return "" if missing else text
+
+    text = _OPTIONAL_RE.sub(optional, template)
+    text = _PLACEHOLDER_RE.sub(fill, text)
+    return " ".join(text.split())
 
 
 # ---------------------------------------------------------------------------------------------
