@@ -853,3 +853,22 @@ def test_old_deepspeed_overflow_wording_counts(tmp_path):
     facts = explain([str(log)]).facts
     assert facts["metrics.overflow_skips"] == 10
     assert facts["metrics.loss_scale_min"] == 1.0
+
+
+def test_memory_keys_of_torchtune_and_hand_written_loops():
+    from loradoctor.logs.facts import _metric_bytes, parse_metric_record
+
+    tt = parse_metric_record("Step 10 | loss:1.42 lr:3e-05 peak_memory_alloc:18.02 peak_memory_reserved:18.90")
+    assert _metric_bytes("peak_memory_alloc", tt["peak_memory_alloc"]) == int(18.02 * 2**30)
+    loop = parse_metric_record("Epoch 1 | step 100 | loss 2.1 | GPU memory allocated: 6.12 GB")
+    assert loop["loss"] == 2.1 and _metric_bytes("memory_allocated", loop["memory_allocated"]) == 6_120_000_000
+
+
+def test_private_generation_loops_and_lightning_validation_are_phases():
+    from loradoctor.logs.facts import location_from_frames
+
+    gen = [("train.py", "<module>"), ("transformers/generation/utils.py", "_beam_search"), ("torch/nn/modules/module.py", "_call_impl")]
+    assert location_from_frames(gen) == "generate"
+    val = [("train.py", "<module>"), ("lightning/pytorch/trainer/trainer.py", "_run_sanity_check"),
+           ("model.py", "validation_step"), ("torch/nn/modules/module.py", "forward")]
+    assert location_from_frames(val) == "eval"

@@ -365,6 +365,7 @@ def _float(text: str) -> float:
     return float(text)
 
 
+_SPACED_MEMORY_KEY_RE = re.compile(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (allocated|reserved|used|active|Allocated|Reserved|Used|Active)\b")
 _ITER_LINE_RE = re.compile(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
 _SPACED_METRIC_RE = re.compile(
     r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
@@ -379,6 +380,8 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     `ast.literal_eval` rejects). Values with a unit (`gpu_mem=12.3G`) come back as
     `(value, unit)`. None when no `key: number` pair is present."""
     out: dict[str, Any] = {}
+    if "emory " in text:  # `GPU memory allocated: 6.12 GB` -> one key, `memory_allocated`
+        text = _SPACED_MEMORY_KEY_RE.sub(lambda m: "memory_" + m.group(1).lower(), text)
     for m in _METRIC_RE.finditer(text):
         key = m.group(1).strip()
         try:
@@ -386,16 +389,17 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
         except ValueError:
             continue
         out[key] = (value, m.group(3)) if m.group(3) else value
-    if not out and _ITER_LINE_RE.match(text):
+    if not any("loss" in k.lower() for k in out) and _ITER_LINE_RE.match(text):
         # `Iter 75: Train loss 3.316, Learning Rate 1.000e-04` (mlx-lm), `step 100 | loss 2.31 | lr 2e-4`:
         # names and numbers separated by a space, on a line that starts with its step
+        spaced: dict[str, Any] = {}
         for m in _SPACED_METRIC_RE.finditer(text):
             try:
-                out.setdefault(_SPACED_KEYS[m.group(1).lower().replace("_", " ")], _float(m.group(2)))
+                spaced.setdefault(_SPACED_KEYS[m.group(1).lower().replace("_", " ")], _float(m.group(2)))
             except (ValueError, KeyError):
                 continue
-        if "loss" not in out:
-            return None
+        if "loss" in spaced:
+            out.update({k: v for k, v in spaced.items() if k not in out})
     return out or None
 
 
@@ -431,6 +435,8 @@ def _metric_bytes(key: str, value: Any) -> Optional[int]:
             unit = m.group(1)
         elif key == "memory" and isinstance(value, float) and value.is_integer():
             unit = "mib"  # mmcv/mmengine log `memory: 6814` (torch.cuda.max_memory_allocated() in MiB)
+        elif key.startswith("peak_memory_") and isinstance(value, float):
+            unit = "gib"  # torchtune's log_memory_stats: `peak_memory_alloc:18.02` in GiB
         else:
             return None
     unit = unit.lower()
@@ -523,8 +529,12 @@ _LOCATIONS = (  # checked in this order: the more specific phase wins
               "get_state_dict", "_full_post_state_dict_hook", "full_optim_state_dict", "_optim_state_dict_impl",
               "get_model_state_dict", "get_optimizer_state_dict", "save_state_dict", "_save_state_dict",
               "async_save", "dump_checkpoint", "save"}),
-    ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict"}),
-    ("generate", {"generate", "_sample", "greedy_search", "sample", "beam_search"}),
+    ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict",
+              # Lightning: validation (and the sanity check before training)
+              "validation_step", "_evaluation_step", "_run_sanity_check", "validate"}),
+    ("generate", {"generate", "_sample", "greedy_search", "sample", "beam_search", "_greedy_search", "_beam_search",
+                  "_beam_sample", "_group_beam_search", "_constrained_beam_search", "_assisted_decoding",
+                  "_contrastive_search"}),
     ("optimizer", {"optimizer_step"}),
     ("backward", {"backward", "_engine_run_backward", "run_backward"}),
     ("forward", {"forward", "_call_impl", "_wrapped_call_impl", "compute_loss", "training_step"}),
