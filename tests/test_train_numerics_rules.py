@@ -51,6 +51,12 @@ def _fires_on_line(rule_id: str, text: str) -> bool:
     ("   \\   /|    GPU: NVIDIA A100-SXM4-40GB. Max memory: 39.39 GB. Platform: Linux.", False),    ("2024-09-20 17:24:23 INFO     unet dtype: torch.float16, device: cuda:0    train_network.py:1058", True),
     ("    INFO     text_encoder [1] dtype: torch.float16, device: cuda:0", True),
     ("2025-07-10 12:52:16 INFO     unet dtype: torch.bfloat16, device: cuda:0", False),
+    # torchtune: the recipe config's dtype and the model's precision line
+    ("dtype: fp16", True),
+    ("dtype: bf16", False),
+    ("  compute_dtype: fp16_but_not_the_recipe_dtype", False),
+    ("INFO:torchtune.utils._logging:Model is initialized with precision torch.float16.", True),
+    ("INFO:torchtune.utils._logging:Model is initialized with precision torch.bfloat16.", False),
 ])
 def test_fp16_evidence_lines(line, is_fp16):
     assert _fires_on_line("fp16-nan-loss", line) is is_fp16
@@ -253,3 +259,45 @@ def test_index_assert_alone_stays_the_root(tmp_path):
 def test_trainoutput_only_pastes(tmp_path, text, cause):
     findings = _explain(tmp_path, text).findings
     assert (findings[0].cause if findings else None) == cause
+
+
+def test_short_paste_with_a_grad_norm_blowup_before_the_nan_is_divergence(tmp_path):
+    # The last lines only: one finite record whose grad_norm is already in the thousands, then nan.
+    text = _records(["8.9127", "nan", "nan"], ["2412.7", "nan", "nan"], lr=1e-3)
+    report = _explain(tmp_path, text)
+    assert report.findings and report.findings[0].cause == "nan.divergence"
+    # A normal grad_norm before the same nans is not divergence (overflow jumps straight to nan).
+    calm = _explain(tmp_path, _records(["1.4127", "nan", "nan"], ["0.41", "nan", "nan"]))
+    assert "nan.divergence" not in [f.cause for f in calm.findings]
+
+
+def test_nan_from_the_first_record_of_losses_that_cannot_be_masked_is_not_masking(tmp_path):
+    dpo = "\n".join(
+        f"{{'loss': nan, 'grad_norm': nan, 'learning_rate': {i}e-07, 'rewards/chosen': nan, 'rewards/rejected': nan, 'epoch': 0.0{i}}}"
+        for i in range(1, 5))
+    assert "loss.zero" not in [f.cause for f in _explain(tmp_path, dpo).findings]
+    bars = "\n".join(f"steps:   {i}%|   | {i * 12}/1500 [00:51<1:46:02,  4.28s/it, avr_loss=nan]" for i in range(1, 5))
+    causes = [f.cause for f in _explain(tmp_path, bars).findings]
+    assert causes and causes[0] == "nan.fp16_overflow" and "loss.zero" not in causes
+
+
+def test_diffusion_avr_loss_nan_is_silent_for_bf16_runs(tmp_path):
+    text = ("accelerate launch --mixed_precision bf16 train_network.py --mixed_precision=bf16\n"
+            "steps:  10%|█   | 120/1200 [02:05<18:39,  1.04s/it, avr_loss=nan]\n")
+    assert "diffusion-avr-loss-nan" not in [f.rule for f in _explain(tmp_path, text).findings]
+
+
+@pytest.mark.parametrize("config, fires", [("dtype: fp16", True), ("dtype: bf16", False)])
+def test_torchtune_bar_loss_nan_needs_fp16_and_a_finite_loss_first(tmp_path, config, fires):
+    bars = ("1|3|Loss: 1.6920441389083862:   0%|          | 3/1617 [00:26<3:56:02,  8.80s/it]\n"
+            "1|4|Loss: nan:   0%|          | 4/1617 [00:35<3:55:11,  8.76s/it]\n")
+    report = _explain(tmp_path, config + "\n" + bars)
+    assert ("torchtune-bar-loss-nan-fp16" in [f.rule for f in report.findings]) is fires
+    only_nan = _explain(tmp_path, config + "\n1|1|Loss: nan:   0%|          | 1/1617 [00:09<4:05:51,  9.13s/it]\n")
+    assert "torchtune-bar-loss-nan-fp16" not in [f.rule for f in only_nan.findings]
+
+
+def test_wandb_summary_nan_without_precision_is_reported(tmp_path):
+    text = "wandb: Run summary:\nwandb:         train/grad_norm nan\nwandb:              train/loss nan\n"
+    report = _explain(tmp_path, text)
+    assert report.findings and report.findings[0].rule == "nan-loss-precision-unknown"
