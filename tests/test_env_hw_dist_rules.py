@@ -135,3 +135,69 @@ def test_a_missing_dll_is_still_a_broken_torch(tmp_path):
         '"C:\\py\\lib\\site-packages\\torch\\lib\\fbgemm.dll" or one of its dependencies.\n'
     )
     assert _first_cause(text, tmp_path) == "env.torch_broken"
+
+
+# --- env family, QA round 2: pasted last lines alone, import noise in runs that finished ---
+
+@pytest.mark.parametrize("line, cause", [
+    # the final error line of a report, pasted without its traceback
+    ("ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory", "env.torch_broken"),
+    ("ImportError: /v/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclCommRegister",
+     "env.torch_broken"),
+    ("ImportError: /v/lib/python3.11/site-packages/torch/lib/../../nvidia/cusparse/lib/libcusparse.so.12: "
+     "undefined symbol: __nvJitLinkComplete_12_4, version libnvJitLink.so.12", "env.torch_broken"),
+    ("TypeError: __init__() got an unexpected keyword argument 'use_dora'", "env.version_conflict"),
+    ("AttributeError: module 'torch.nn' has no attribute 'Buffer'", "env.version_conflict"),
+    ("ImportError: LlamaTokenizer requires the SentencePiece library but it was not found in your environment. "
+     "Checkout the instructions on the installation page of its repo.", "env.version_conflict"),
+    ("_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do so you have two "
+     "options, do those steps only if you trust the source of the checkpoint.", "env.version_conflict"),
+    ("ImportError: vLLM is not available and `use_vllm` is set to True. Please install vLLM with "
+     "`pip install vllm` to use it.", "env.version_conflict"),
+    ("ImportError: /e/site-packages/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEab",
+     "env.version_conflict"),
+    ("ImportError: This modeling file requires the following packages that were not found in your environment: "
+     "flash_attn. Run `pip install flash_attn`", "env.flash_attn_broken"),
+    ("ImportError: This modeling file requires the following packages that were not found in your environment: "
+     "einops. Run `pip install einops`", "env.version_conflict"),
+    ("ImportError: No bitsandbytes / bitsandbytesがインストールされていないようです", "env.bnb_broken"),
+    ("AssertionError: CUDA_HOME does not exist, unable to compile CUDA op(s)", "env.version_conflict"),
+    ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.", "env.version_conflict"),
+])
+def test_env_pasted_last_line_alone_names_the_cause(line, cause, tmp_path):
+    assert _first_cause(line + "\n", tmp_path) == cause
+
+
+def test_env_bare_cuda_library_line_defers_to_the_loader_that_raised_it(tmp_path):
+    # bitsandbytes' ctypes loader: not torch's install, the bare-library rule stays silent
+    text = (
+        'Traceback (most recent call last):\n'
+        '  File "/h/.venv/lib/python3.10/site-packages/bitsandbytes/cextension.py", line 20, in <module>\n'
+        '    lib = ct.cdll.LoadLibrary(binary_path)\n'
+        'OSError: libcudart.so.11.0: cannot open shared object file: No such file or directory\n'
+    )
+    assert "env-cuda-library-missing-bare" not in _rules_fired(text, tmp_path)
+
+
+NUMPY2_BANNER = (
+    "A module that was compiled using NumPy 1.x cannot be run in\n"
+    "NumPy 2.1.3 as it may crash. To support both 1.x and 2.x\n"
+    "UserWarning: Failed to initialize NumPy: _ARRAY_API not found (Triggered internally at tensor_numpy.cpp:84.)\n"
+)
+
+
+def test_env_import_noise_in_a_run_that_trained_to_the_end_is_silent(tmp_path):
+    finished = NUMPY2_BANNER + (
+        "{'loss': 2.011, 'grad_norm': 0.9, 'learning_rate': 0.0001, 'epoch': 0.2}\n"
+        "{'train_runtime': 300.1, 'train_samples_per_second': 6.0, 'train_loss': 1.7, 'epoch': 1.0}\n"
+    )
+    assert "env-version-import-error" not in _rules_fired(finished, tmp_path)
+    # the same banner in a run that stopped is the cause
+    stopped = NUMPY2_BANNER + "RuntimeError: Numpy is not available\n"
+    assert _first_cause(stopped, tmp_path) == "env.version_conflict"
+
+
+def test_env_weights_only_futurewarning_is_not_the_refusal(tmp_path):
+    text = ("FutureWarning: You are using `torch.load` with `weights_only=False` (the current default value). "
+            "In a future release, the default value for `weights_only` will be flipped to `True`.\n")
+    assert "env-version-weights-only-load" not in _rules_fired(text, tmp_path)
