@@ -57,6 +57,9 @@ def _fires_on_line(rule_id: str, text: str) -> bool:
     ("  compute_dtype: fp16_but_not_the_recipe_dtype", False),
     ("INFO:torchtune.utils._logging:Model is initialized with precision torch.float16.", True),
     ("INFO:torchtune.utils._logging:Model is initialized with precision torch.bfloat16.", False),
+    # bitsandbytes: 4-bit layers fed float16 activations (the forward runs in fp16)
+    ("UserWarning: Input type into Linear4bit is torch.float16, but bnb_4bit_compute_dtype=torch.float32 (default).", True),
+    ("UserWarning: Input type into Linear4bit is torch.bfloat16, but bnb_4bit_compute_dtype=torch.float32 (default).", False),
 ])
 def test_fp16_evidence_lines(line, is_fp16):
     assert _fires_on_line("fp16-nan-loss", line) is is_fp16
@@ -301,3 +304,11 @@ def test_wandb_summary_nan_without_precision_is_reported(tmp_path):
     text = "wandb: Run summary:\nwandb:         train/grad_norm nan\nwandb:              train/loss nan\n"
     report = _explain(tmp_path, text)
     assert report.findings and report.findings[0].rule == "nan-loss-precision-unknown"
+
+
+@pytest.mark.parametrize("records, cause", [(3, None), (4, None), (6, "loss.zero")])
+def test_all_nan_paste_needs_five_records_to_claim_masking(tmp_path, records, cause):
+    # The last few lines of a run that went nan look like a run that was nan from the start.
+    report = _explain(tmp_path, "bf16=True,\n" + _records(["nan"] * records, ["nan"] * records))
+    causes = [f.cause for f in report.findings]
+    assert (causes[0] if causes else None) == cause
