@@ -201,3 +201,75 @@ def test_env_weights_only_futurewarning_is_not_the_refusal(tmp_path):
     text = ("FutureWarning: You are using `torch.load` with `weights_only=False` (the current default value). "
             "In a future release, the default value for `weights_only` will be flipped to `True`.\n")
     assert "env-version-weights-only-load" not in _rules_fired(text, tmp_path)
+
+
+# --- hw / dist QA round 2: short pastes (the last lines or the final error line alone), and near
+# misses. A short paste must name the right cause or stay silent; never a wrong cause.
+
+_HWDIST_SHORT_PASTES = [
+    # torch >= 2.4 prints these around a collective timeout; the WorkNCCL line may be cut off
+    ("[rank1]:[E0415 22:31:05.771052114 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 1] Timeout at NCCL work: 4410, "
+     "last enqueued NCCL work: 4411, last completed NCCL work: 4409.\n", "dist.nccl_timeout"),
+    ("[2024-05-19 03:40:12,551][__main__][CRITICAL] - Training failed due to NCCL communicator was aborted on rank 2. :\n",
+     "dist.nccl_timeout"),
+    ("[rank1]:[E1120 04:21:19.556016003 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a "
+     "dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info.\n",
+     "dist.nccl_timeout"),
+    # NCCL's `Last error:` payloads, pasted without the DistBackendError above them
+    ("[rank2]: Cuda failure 'hipErrorInvalidDevicePointer'\n", "dist.nccl_error"),
+    ("NET/OFI Request 0x7fa3310c2e00 completed with error. RC: 113. Error: 2 (UNDELIVERABLE). Completed length: 0\n",
+     "dist.nccl_error"),
+    ("[rank11]: NET/IB: Got completion from peer 10.20.0.8<41177> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0)\n",
+     "dist.nccl_error"),
+    ("socketPollConnect: Connect to 10.0.0.4<56849> returned 113(No route to host) errno 115(Operation now in progress)\n",
+     "dist.nccl_error"),
+    ("[2025-09-09 23:51:24] h:774:854 [0] transport/shm.cc:590 NCCL WARN Cuda failure 800 'operation not permitted'\n",
+     "dist.nccl_error"),
+    # hardware seen by the Kubernetes device plugin, DCGM, journald without the Xid line
+    ("I0412 09:52:17.009205       1 health.go:178] XidCriticalError: Xid=79 on Device=GPU-5c1e7d22; marking device as unhealthy.\n",
+     "hw.fell_off_bus"),
+    ("I0412 09:52:17.009205       1 health.go:178] XidCriticalError: Xid=48 on Device=GPU-5c1e7d22; marking device as unhealthy.\n",
+     "hw.memory_errors"),
+    ("|                           | A volatile double-bit ECC error has occurred on GPU 2.   |\n", "hw.memory_errors"),
+    ("kernel: NVRM: GPU3 _kgspRpcRecvPoll: timed out waiting for RPC response from GPU3 GSP\n", "hw.gsp_firmware"),
+]
+
+
+@pytest.mark.parametrize("text,cause", _HWDIST_SHORT_PASTES)
+def test_hwdist_short_paste_names_the_cause(text, cause, tmp_path):
+    assert _first_cause(text, tmp_path) == cause
+
+
+def test_nccl_shm_warn_lines_outrank_the_dataloader_shm_rule(tmp_path):
+    # NCCL's own /dev/shm failure, without the Python NCCL error: dist-nccl-shm is no guess, so it
+    # ranks above oom-shm-no-space (which also matches '/dev/shm ... No space left on device')
+    text = (
+        "w0:318:511 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-Vb71kQ to 9637892 bytes, "
+        "error: No space left on device (28)\n"
+        "[rank1]:[E0311 16:20:44.118230 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600017 milliseconds "
+        "before timing out.\n"
+    )
+    assert _first_cause(text, tmp_path) == "dist.nccl_error"
+
+
+@pytest.mark.parametrize("text", [
+    # a refused connect that NCCL retried, then a finished run
+    ("n3:20411:20502 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.8.0.21<39911> failed : "
+     "Connection refused\nn3:20411:20502 [0] NCCL INFO Call to connect returned Connection refused, retrying\n"
+     "{'train_runtime': 6120.4, 'train_samples_per_second': 28.7, 'train_steps_per_second': 0.22, 'train_loss': 1.8, 'epoch': 1.0}\n"),
+    # torchrun's client warning while the store starts, and the process-group destroy warning at exit
+    ("[W305 12:01:46.541216012 socket.cpp:752] [c10d] The client socket has failed to connect to [localhost]:29500 "
+     "(errno: 99 - Cannot assign requested address).\n"
+     "[rank0]:[W305 12:15:21.771930 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been destroyed "
+     "before we destruct ProcessGroupNCCL.\n"),
+    # Xid 13 is the application's fault; the device plugin skips it and DCGM says healthy
+    ("I0511 19:03:44.201911       1 health.go:168] Skipping non-critical Xid event Xid=13 on Device=GPU-70e2\n"
+     "| Overall Health            | Healthy                                                  |\n"),
+    # a CSV query where only the SW power cap column can be Active
+    ("index, power.draw [W], clocks_event_reasons.sw_power_cap, clocks_event_reasons.hw_thermal_slowdown\n"
+     "0, 449.70 W, Active, Not Active\n"),
+])
+def test_hwdist_near_misses_stay_silent(text, tmp_path):
+    cause = _first_cause(text, tmp_path)
+    assert cause is None or not cause.startswith(("hw.", "dist.")), cause
