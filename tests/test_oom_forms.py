@@ -90,3 +90,82 @@ def test_memory_summary_rows_behind_a_logger_prefix():
     f = collect(["INFO:__main__:" + r for r in rows] + ["done"])
     assert f["memsum.oom_count"] == 3 and f["memsum.alloc_retries"] == 214
     assert f["memsum.non_releasable_bytes"] == 7336 * MIB and f["memsum.reserved_bytes"] == 22208 * MIB
+
+
+# ------------------------------------------------------------------ short pastes (QA round 2)
+# Real reports often paste only the last line or the last few lines. Each case: the pasted text and
+# the cause the FIRST finding must name (None: no oom.* finding above a guess may come first).
+
+import pytest  # noqa: E402
+
+from loradoctor.logs.engine import explain  # noqa: E402
+
+_WARMUP_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 27.84 GiB. GPU 0 has a total "
+                "capacity of 23.55 GiB of which 22.98 GiB is free. Including non-PyTorch memory, this process has "
+                "578.00 MiB memory in use. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is "
+                "reserved by PyTorch but unallocated.")
+_TRAIN_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity "
+               "of 23.65 GiB of which 1.12 GiB is free. Including non-PyTorch memory, this process has 22.51 GiB "
+               "memory in use. Of the allocated memory 21.97 GiB is allocated by PyTorch, and 89.34 MiB is reserved "
+               "by PyTorch but unallocated.")
+_FRAME = '  File "/venv/lib/python3.11/site-packages/{}", line {}, in {}\n    {}\n'
+
+SHORT_PASTES = [
+    # the first allocation asks for a model-sized block: the loader's warmup (transformers >= 4.51)
+    ("warmup-final-line", _WARMUP_LINE, "oom.model_load"),
+    ("warmup-frame-tail", _FRAME.format("transformers/modeling_utils.py", 6081, "caching_allocator_warmup",
+                                        "_ = torch.empty(byte_count // factor, dtype=torch.float16)") + _WARMUP_LINE,
+     "oom.model_load"),
+    # the same request with the script's own traceback is a capacity problem of that script
+    ("own-buffer-with-traceback", "Traceback (most recent call last):\n"
+     + _FRAME.format("bench.py", 3, "<module>", "buf = torch.empty(n, device='cuda')") + _WARMUP_LINE,
+     "oom.capacity"),
+    ("eval-concat-tail", _FRAME.format("transformers/trainer_pt_utils.py", 94, "torch_pad_and_concatenate",
+                                       "return torch.cat((tensor1, tensor2), dim=0)") + _TRAIN_LINE,
+     "oom.eval_or_save"),
+    ("metal-abort", "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
+     "buffer execution failed: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
+     "oom.capacity"),
+    ("hip-raw", "RuntimeError: HIP error: out of memory\nHIP kernel errors might be asynchronously reported at some "
+     "other API call, so the stacktrace below might be incorrect.", "oom.non_pytorch"),
+    ("enomem-fork", "OSError: [Errno 12] Cannot allocate memory", "oom.host_ram"),
+    ("pbs", "=>> PBS: job killed: mem 66215988kb exceeded limit 62914560kb", "oom.host_ram"),
+    ("semlock", _FRAME.format("multiprocess/synchronize.py", 57, "__init__", "sl = self._semlock = "
+                              "_multiprocessing.SemLock(") + "OSError: [Errno 28] No space left on device",
+     "oom.shm"),
+    # a disk that is full is not /dev/shm
+    ("disk-full-alone", "OSError: [Errno 28] No space left on device", "env.disk_space"),
+    ("worker-exited-alone", "RuntimeError: DataLoader worker (pid(s) 40112) exited unexpectedly", "oom.shm"),
+    # Slurm's end-of-job note is not a kill; nothing oom-ish may rank first
+    ("slurm-at-some-point", "slurmstepd: error: Exceeded job memory limit at some point.", None),
+    # a bus error right after loading shards is a truncated mmap as often as /dev/shm: no shm claim
+    ("bus-error-while-loading", "Loading checkpoint shards:  50%|#####     | 2/4\nBus error (core dumped)", None),
+]
+
+
+@pytest.mark.parametrize("text,cause", [pytest.param(t, c, id=i) for i, t, c in SHORT_PASTES])
+def test_short_paste_names_the_cause(tmp_path, text, cause):
+    log = tmp_path / "paste.log"
+    log.write_text(text + "\n")
+    findings = explain([str(log)]).findings
+    first = findings[0] if findings else None
+    if cause is None:
+        assert first is None or not first.cause.startswith("oom.") or first.confidence <= 0.3, first
+    else:
+        assert first is not None and first.cause == cause, [(f.rule, f.cause, f.confidence) for f in findings[:3]]
+
+
+def test_an_oom_the_run_survived_is_not_the_crash(tmp_path):
+    """torch.compile's autotuner (and scripts that catch OOM and retry) print a full OOM message, then
+    training goes on and finishes: no OOM finding may rank first. The same message as the end of a
+    second run after a finished one still does."""
+    survived = tmp_path / "survived.log"
+    survived.write_text("[0/0] Runtime error during autotuning:\n[0/0] " + _TRAIN_LINE.split(": ", 1)[1]
+                        + "\n[0/0] Ignoring this choice.\n{'loss': 1.2, 'epoch': 0.5}\n{'loss': 1.1, 'epoch': 1.0}\n"
+                        "{'train_runtime': 100.0, 'train_loss': 1.15, 'epoch': 1.0}\n")
+    findings = explain([str(survived)]).findings
+    assert not findings or not findings[0].cause.startswith("oom."), findings[0]
+    rerun = tmp_path / "rerun.log"
+    rerun.write_text("{'loss': 1.2, 'epoch': 0.5}\n{'loss': 1.1, 'epoch': 1.0}\n"
+                     "{'train_runtime': 100.0, 'train_loss': 1.15, 'epoch': 1.0}\n" + _TRAIN_LINE + "\n")
+    assert explain([str(rerun)]).findings[0].cause == "oom.capacity"
