@@ -163,9 +163,25 @@ def test_a_missing_dll_is_still_a_broken_torch(tmp_path):
     ("ImportError: No bitsandbytes / bitsandbytesがインストールされていないようです", "env.bnb_broken"),
     ("AssertionError: CUDA_HOME does not exist, unable to compile CUDA op(s)", "env.version_conflict"),
     ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.", "env.version_conflict"),
+    ("torch._inductor.exc.InductorError: RuntimeError: Compiler: cl is not found.", "env.version_conflict"),
+    ("TypeError: Accelerator.unwrap_model() got an unexpected keyword argument 'keep_torch_compile'",
+     "env.version_conflict"),
+    ("TypeError: MyTrainer.compute_loss() got an unexpected keyword argument 'num_items_in_batch'",
+     "env.version_conflict"),
+    ("RuntimeError: nvrtc: error: failed to open libnvrtc-builtins.so.12.1.", "env.torch_broken"),
+    ("ImportError: libc10_cuda.so: undefined symbol: cudaGraphAddEmptyNode, version libcudart.so.13",
+     "env.torch_broken"),
+    ("Error invalid device function at line 216 in file /tmp/bnb/csrc/ops.cu", "env.arch_unsupported"),
 ])
+
 def test_env_pasted_last_line_alone_names_the_cause(line, cause, tmp_path):
     assert _first_cause(line + "\n", tmp_path) == cause
+
+
+def test_env_a_user_function_typo_is_not_a_version_conflict(tmp_path):
+    text = ("Traceback (most recent call last):\n  File \"/h/prep.py\", line 41, in <module>\n"
+            "TypeError: build_rows() got an unexpected keyword argument 'shuffle_seed'\n")
+    assert "env-version-removed-argument" not in _rules_fired(text, tmp_path)
 
 
 def test_env_bare_cuda_library_line_defers_to_the_loader_that_raised_it(tmp_path):
