@@ -265,3 +265,53 @@ def test_prefix_peeling_keeps_real_text():
     for keep in ("RuntimeError: CUDA error: out of memory", "Epoch    | Step | loss", "| 10 | nan |",
                  "1:2 ratio", "node: v18.2.0", "12: ", "host_name: gpu01"):
         assert normalise(keep)[0] == keep.strip()
+
+
+WRAP_TEXT = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/train.py", line 88, in <module>\n'
+    "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
+    "(when checking argument for argument mat1 in method wrapper_CUDA_addmm)\n"
+    "ValueError: Attempting to unscale FP16 gradients. This happens when the optimizer holds float16 master weights "
+    "and the loss scaler tries to unscale them.\n"
+    "done\n"
+)
+
+
+def _fold(text: str, width: int) -> str:
+    out = []
+    for line in text.splitlines():
+        out += [line[i:i + width] for i in range(0, max(1, len(line)), width)]
+    return "\n".join(out) + "\n"
+
+
+def test_hard_wrapped_console_copy_is_rejoined_with_physical_line_numbers(tmp_path):
+    from loradoctor.logs.engine import explain
+    from loradoctor.logs.reader import detect_wrap_width
+
+    folded = _fold(WRAP_TEXT, 80)
+    assert detect_wrap_width(folded.encode()) == 80
+    log = tmp_path / "console.log"
+    log.write_text(folded)
+    report = explain([str(log)])
+    first = report.findings[0]
+    assert first.cause == "train.device_mismatch"
+    assert first.evidence[0].line == 3  # the physical line where the message starts
+    assert report.inputs[0]["wrap_width"] == 80 and report.inputs[0]["lines"] == len(folded.splitlines())
+
+
+@pytest.mark.parametrize("text", [
+    # a long warning repeated every step, longer than everything else: no wrap
+    ("/opt/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:86: UserWarning: " + "x" * 57 + "\n"
+     "step line\n") * 6,
+    # records of one format and width (kernel asserts with thread numbers, metric dicts)
+    "".join(f"Indexing.cu:1289: indexSelectLargeIndex: block: [212,0,0], thread: [{50 + i},0,0] Assertion failed.\n"
+            for i in range(8)),
+    "".join(f"{{'loss': 0.{i}000, 'grad_norm': nan, 'learning_rate': 4.9{i}e-05, 'epoch': 0.0{i}}}\n" for i in range(8)),
+    # fixed-width tables (memory_summary, nvidia-smi) and progress bars
+    "|" + "=" * 78 + "|\n" + "".join(f"| Allocated memory {i} " + " " * 57 + "|\n" for i in range(6)),
+])
+def test_same_width_lines_that_are_not_a_wrap(text):
+    from loradoctor.logs.reader import detect_wrap_width
+
+    assert detect_wrap_width(text.encode()) is None

@@ -13,6 +13,7 @@ import itertools
 import math
 import re
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 from typing import Any, Callable, Iterable, Optional
@@ -212,7 +213,9 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         done = 0
         ends_with_newline = True
         sample = b""
-        for block in reader.iter_blocks(item, first_block_bytes=FIRST_BLOCK_BYTES):
+        for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES):
+            # joins: offsets where a hard-wrapped line was rejoined (a console copy); a physical line
+            # starts at each, so line numbers add the joins before a line
             done += len(block)
             if not sample:
                 # anchors that are rare in this input, outside the metric dicts (cut out below)
@@ -224,21 +227,22 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             json_records = dict_at < 0 and b'"loss":' in block  # JSON logs carry no Python dicts
             has_records = dict_at >= 0 or json_records
             if json_records:  # JSON records may span lines: the plain regex path, nothing cut out
-                collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item))
+                collector.feed_metric_batch(METRIC_DICT_RE.findall(block), _record_line_maker(block, base, item, joins))
             elif has_records:
                 # metric dicts go to the collector in one batch per block, and are cut out of the
                 # scanned view unless some literal occurs in them (checked on the first one);
                 # single-line dicts hold no newline, so line numbers stay right
                 first = PY_METRIC_DICT_RE.match(block, dict_at)
-                cut = first is not None and not matcher.prefilter.occurs_in(first.group(0))
+                cut = first is not None and not joins and not matcher.prefilter.occurs_in(first.group(0))
                 records, rest_view = _split_metric_dicts(block, dict_at, cut)
-                collector.feed_metric_batch(records, _record_line_maker(block, base, item))
+                collector.feed_metric_batch(records, _record_line_maker(block, base, item, joins))
                 if cut:
                     view = rest_view
             if collector.table_open or TABLE_HEAD in block:
                 # notebook Trainer tables: their rows hold no literal, the collector reads the block
-                collector.feed_table_block(block, lambda raw, n, base=base, item=item: reader.make_line(
-                    raw, item.path, base + n, item.rank, input_index=item.index))
+                collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
+                                           reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
+                                                            item.rank, input_index=item.index))
             segments = matcher.prefilter.candidates(view)
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose
@@ -253,7 +257,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 raw = view[seg.start:seg.end]
                 if not is_last_segment(view, seg) and _is_bar_bytes(raw):
                     continue  # an intermediate progress-bar redraw
-                lineno = base + count + 1
+                lineno = base + count + 1 + (bisect_left(joins, seg.line_start) if joins else 0)
                 quote = inert.get(raw)
                 if quote is not None and collector.idle:
                     # a repeat of a line that changed nothing (a warning printed every step): only
@@ -274,7 +278,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     if bar is not None:
                         collector.set_progress(*bar)
                     collector.records_before_oom = records_before + (
-                        _records_before_line(block, lineno - base) if has_records else 0)
+                        _records_before_line(block, count + 1) if has_records else 0)
                 touched = collector.feed(line)
                 matched = _match_line(line, matcher, rules, states)
                 changed |= matched
@@ -282,7 +286,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     if len(inert) >= LINE_CACHE_ENTRIES:
                         inert.clear()
                     inert[raw] = line.quote() if is_errorish(line.text) else ""
-            base += count + view.count(b"\n", pos)
+            base += count + view.count(b"\n", pos) + len(joins)
             if changed:  # only a changed rule state can make a literal unneeded
                 matcher.refresh(states, sample)
                 changed = False
@@ -350,13 +354,24 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
     return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
-def _record_line_maker(block: bytes, base: int, item: reader.Input) -> Callable[[int], reader.Line]:
+def _physical_line(block: bytes, joins: list[int], n: int) -> int:
+    """The physical line number (1-based, in the block) of the block's n-th line after joining."""
+    if not joins:
+        return n
+    start = 0
+    for _ in range(n - 1):
+        start = block.find(b"\n", start) + 1
+    return n + bisect_left(joins, start)
+
+
+def _record_line_maker(block: bytes, base: int, item: reader.Input,
+                       joins: Optional[list[int]] = None) -> Callable[[int], reader.Line]:
     """line_at(k): the Line of the k-th metric record of the block (found again only on demand)."""
     def line_at(k: int) -> reader.Line:
         m = next(itertools.islice(METRIC_DICT_RE.finditer(block), k, None))
         start = m.start()
         line_start = block.rfind(b"\n", 0, start) + 1
-        lineno = base + block.count(b"\n", 0, line_start) + 1
+        lineno = base + block.count(b"\n", 0, line_start) + 1 + (bisect_left(joins, line_start) if joins else 0)
         end = block.find(b"\n", start)
         return reader.make_line(block[start:end if end >= 0 else len(block)], item.path, lineno, item.rank,
                                 input_index=item.index)

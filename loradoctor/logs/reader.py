@@ -70,11 +70,15 @@ class Input:
     lines: int = 0
     ranks: set = field(default_factory=set)
     index: int = 0
+    wrap_width: Optional[int] = None  # hard-wrapped at this many columns (a console copy): lines rejoined
 
     def to_dict(self) -> dict:
         ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
-        return {"path": self.path, "bytes": self.bytes, "lines": self.lines,
-                "compressed": self.compressed, "ranks": ranks}
+        out = {"path": self.path, "bytes": self.bytes, "lines": self.lines,
+               "compressed": self.compressed, "ranks": ranks}
+        if self.wrap_width:
+            out["wrap_width"] = self.wrap_width
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,14 +272,124 @@ def unescape_html(block: bytes) -> bytes:
     return block
 
 
+# A log copied from a console that wraps hard (Windows conhost, tmux copy mode, `fold`) has no line
+# longer than the window and many lines exactly that wide: an error message then spans two or three
+# lines and no pattern sees it whole. Such an input is recognised from its first block and every line
+# of exactly that width is joined with the next one.
+WRAP_MIN_WIDTH, WRAP_MAX_WIDTH = 60, 300
+WRAP_MIN_FULL_LINES = 4  # lines of exactly the width, at least
+WRAP_MIN_SHARE = 0.15  # of the lines at least 40 columns wide
+
+
+# console widths people actually have: two full lines at one of these are enough (a short paste)
+CONSOLE_WIDTHS = frozenset((80, 100, 120, 132, 140, 150, 160, 180, 200, 220, 240, 250))
+
+
+def detect_wrap_width(sample: bytes) -> Optional[int]:
+    """The column width a sample was hard-wrapped at, or None. Widths count characters; progress
+    bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count."""
+    lines = sample.decode("utf-8", "replace").split("\n")
+    if not sample.endswith(b"\n"):
+        lines.pop()  # a cut last line says nothing
+    counted = [line for line in lines if _wrappable(line)]
+    if not counted:
+        return None
+    width = max(len(line) for line in counted)
+    if not WRAP_MIN_WIDTH <= width <= WRAP_MAX_WIDTH:
+        return None
+    # A wrap continues on the next line: not indented, not another record of the same shape. Lines
+    # of one width that are records of one format (`thread: [57,...]`, metric dicts, Xid lines, a
+    # warning repeated every step) are followed by more of the same, or by an indented line.
+    # Counted once per distinct text: a long warning printed every step is one line, however often.
+    full_lines: set[str] = set()
+    cut_lines: set[str] = set()
+    for i, line in enumerate(lines):
+        if len(line) != width or not _wrappable(line):
+            continue
+        full_lines.add(line)
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if nxt and not nxt[:1].isspace() and \
+                nxt[:8].translate(_DIGITS_BLIND) != line[:8].translate(_DIGITS_BLIND):
+            cut_lines.add(line)
+    full, cut = len(full_lines), len(cut_lines)
+    wide = sum(1 for line in counted if len(line) >= 40)
+    needed = 2 if width in CONSOLE_WIDTHS else WRAP_MIN_FULL_LINES
+    if cut >= needed and cut >= full / 2 and full >= WRAP_MIN_SHARE * wide:
+        return width
+    return None
+
+
+_DIGITS_BLIND = str.maketrans("123456789", "000000000")
+
+
+_TABLE_EDGES = "|│┃║+"
+
+
+def _wrappable(line: str) -> bool:
+    """Lines that can be a hard wrap: not a progress bar (tqdm pads bars to the terminal width), not a
+    `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width)."""
+    stripped = line.strip()
+    return bool(stripped) and "\r" not in line and "%|" not in line \
+        and stripped[-1] not in _TABLE_EDGES and stripped[0] not in _TABLE_EDGES
+
+
+def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
+    """Join every line of exactly `width` characters with the line after it. Returns the joined block,
+    the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
+    to put before the next block (a full-width last line whose continuation is there)."""
+    lines = (carry + block).split(b"\n")
+    tail = lines.pop()  # b"" when the block ends with a newline
+    out: list[bytes] = []
+    joins: list[int] = []
+    at = 0
+    for i, line in enumerate(lines):
+        text = line.decode("utf-8", "replace") if len(line) >= width else ""
+        full = len(text) == width and _wrappable(text)
+        if full and i == len(lines) - 1:
+            tail = line + b"\n" + tail  # it continues in the next block
+            break
+        if full:
+            out.append(line)
+            at += len(line)
+            joins.append(at)
+        else:
+            out.append(line + b"\n")
+            at += len(line) + 1
+    return b"".join(out), joins, tail
+
+
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
-    content raises UserError; HTML-escaped text is unescaped. `first_block_bytes` makes the first
-    read smaller (the engine learns from it which rules are already satisfied before reading big
-    blocks)."""
+    content raises UserError; HTML-escaped text is unescaped; a hard-wrapped input is rejoined
+    (see iter_blocks_with_joins for the physical line numbers)."""
+    for block, _ in iter_blocks_with_joins(item, block_bytes, first_block_bytes):
+        yield block
+
+
+def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
+                           first_block_bytes: Optional[int] = None) -> Iterator[tuple[bytes, list[int]]]:
+    """iter_blocks, with each block the offsets where a hard wrap was joined (empty for most inputs):
+    the physical line of offset x is (newlines before x) + (joins before x) + 1, counted from the block's
+    first physical line. `first_block_bytes` makes the first read smaller (the engine learns from it
+    which rules are already satisfied before reading big blocks)."""
+    width: Optional[int] = None
+    carry = b""
+    first = True
     for block in _raw_blocks(item, block_bytes, first_block_bytes):
-        yield unescape_html(block)
+        block = unescape_html(block)
+        if first:
+            first = False
+            width = detect_wrap_width(block[:1 << 20])
+            item.wrap_width = width
+        if width is None:
+            yield block, []
+            continue
+        joined, joins, carry = join_wrapped(block, width, carry)
+        if joined:
+            yield joined, joins
+    if carry:
+        yield carry, []
 
 
 def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int]) -> Iterator[bytes]:
