@@ -872,3 +872,20 @@ def test_private_generation_loops_and_lightning_validation_are_phases():
     val = [("train.py", "<module>"), ("lightning/pytorch/trainer/trainer.py", "_run_sanity_check"),
            ("model.py", "validation_step"), ("torch/nn/modules/module.py", "forward")]
     assert location_from_frames(val) == "eval"
+
+
+def test_torchtune_bar_description_is_a_record(tmp_path):
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "tt.log"
+    log.write_text("".join(f"1|{i}|Loss: {v}:   0%|          | {i}/1617 [00:09<4:05:51,  9.13s/it]\n"
+                           for i, v in enumerate(["1.87", "1.52", "nan", "nan"], 1)))
+    facts = explain([str(log)]).facts
+    assert facts["metrics.steps"] == 4 and facts["metrics.loss_nan_count"] == 2 and facts["metrics.first_loss"] == 1.87
+
+
+def test_validation_image_frames_are_eval():
+    from loradoctor.logs.facts import location_from_frames
+
+    frames = [("train_network.py", "train"), ("train_util.py", "sample_images"), ("unet.py", "forward")]
+    assert location_from_frames(frames) == "eval"

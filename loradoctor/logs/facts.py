@@ -32,7 +32,7 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
     ("loss=", False), ("loss:", False), ("wandb:", False), ("eval_loss", False), ("train_runtime", False), ("trainable params", False),
     ("mem=", False), ("memory/", False),
-    ("rain loss ", False), ("| loss ", False),  # mlx-lm `Iter 75: Train loss 3.3`, `step 9 | loss 2.3 | lr ...`
+    ("rain loss ", False), ("| loss ", False), ("|Loss: ", False),  # torchtune bar: `1|12|Loss: 1.87:`  # mlx-lm `Iter 75: Train loss 3.3`, `step 9 | loss 2.3 | lr ...`
     ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
     ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
     ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
@@ -403,6 +403,7 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     return out or None
 
 
+_TORCHTUNE_BAR_RE = re.compile(r"^(\d+)\|(\d+)\|Loss: (" + _NUMBER + r"):")
 _BAR_POSTFIX_RE = re.compile(r"\[[^\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
 _BAR_LOSS_KEYS = ("loss", "train_loss", "avr_loss", "avg_loss", "train/loss")
 
@@ -531,7 +532,9 @@ _LOCATIONS = (  # checked in this order: the more specific phase wins
               "async_save", "dump_checkpoint", "save"}),
     ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict",
               # Lightning: validation (and the sanity check before training)
-              "validation_step", "_evaluation_step", "_run_sanity_check", "validate"}),
+              "validation_step", "_evaluation_step", "_run_sanity_check", "validate",
+              # diffusers / kohya: validation images between steps
+              "log_validation", "sample_images", "sample_image_inference"}),
     ("generate", {"generate", "_sample", "greedy_search", "sample", "beam_search", "_greedy_search", "_beam_search",
                   "_beam_sample", "_group_beam_search", "_constrained_beam_search", "_assisted_decoding",
                   "_contrastive_search"}),
@@ -1066,7 +1069,7 @@ class FactCollector:
             self._cf_feed(line)
         if "wandb:" in text:
             touched |= self._wandb_feed(line)
-        elif "loss" in text or "train_runtime" in text or "mem" in text:
+        elif "loss" in text or "train_runtime" in text or "mem" in text or "|Loss: " in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
                     and ("{" in text or "=" in text or ":" in text or "|" in text):
                 touched |= self._metrics(line)
@@ -1379,6 +1382,13 @@ class FactCollector:
         text = line.text
         if "%|" in text and ("it/s" in text or "s/it" in text):
             record = parse_bar_postfix(text)
+            if record is None:
+                m = _TORCHTUNE_BAR_RE.match(text)
+                if m:  # torchtune puts the loss in the bar's description: `1|12|Loss: 1.87:  3%|...`
+                    try:
+                        record = {"loss": _float(m.group(3)), "step": float(m.group(2))}
+                    except ValueError:
+                        record = None
         else:
             record = parse_metric_record(text)
         if record:
