@@ -315,3 +315,16 @@ def test_same_width_lines_that_are_not_a_wrap(text):
     from loradoctor.logs.reader import detect_wrap_width
 
     assert detect_wrap_width(text.encode()) is None
+
+
+def test_typographic_quotes_are_straightened(tmp_path):
+    from loradoctor.logs.engine import explain
+    from loradoctor.logs.reader import straighten_quotes
+
+    assert straighten_quotes("No module named ‘peft’ “x”".encode()) == b"No module named 'peft' \"x\""
+    plain = "a — b … c".encode()
+    assert straighten_quotes(plain) is plain
+    log = tmp_path / "word.log"
+    log.write_text("ImportError: cannot import name ‘EncoderDecoderCache’ from ‘transformers’ (/venv/lib/python3.10/"
+                   "site-packages/transformers/__init__.py)\n", encoding="utf-8")
+    assert explain([str(log)]).findings[0].cause == "env.version_conflict"

@@ -272,6 +272,21 @@ def unescape_html(block: bytes) -> bytes:
     return block
 
 
+# A log that went through a word processor or chat app (Word, WeChat, Notion) has typographic quotes:
+# `No module named ‘peft’`. Patterns are written with ASCII quotes.
+_CURLY_QUOTES = ((b"\xe2\x80\x98", b"'"), (b"\xe2\x80\x99", b"'"), (b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'))
+
+
+def straighten_quotes(block: bytes) -> bytes:
+    """‘ ’ “ ” -> ' and " (else unchanged, fast)."""
+    if b"\xe2\x80" not in block:
+        return block
+    for curly, plain in _CURLY_QUOTES:
+        if curly in block:
+            block = block.replace(curly, plain)
+    return block
+
+
 # A log copied from a console that wraps hard (Windows conhost, tmux copy mode, `fold`) has no line
 # longer than the window and many lines exactly that wide: an error message then spans two or three
 # lines and no pattern sees it whole. Such an input is recognised from its first block and every line
@@ -361,7 +376,8 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, l
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
-    content raises UserError; HTML-escaped text is unescaped; a hard-wrapped input is rejoined
+    content raises UserError; HTML-escaped text is unescaped, typographic quotes straightened; a
+    hard-wrapped input is rejoined
     (see iter_blocks_with_joins for the physical line numbers)."""
     for block, _ in iter_blocks_with_joins(item, block_bytes, first_block_bytes):
         yield block
@@ -377,7 +393,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     carry = b""
     first = True
     for block in _raw_blocks(item, block_bytes, first_block_bytes):
-        block = unescape_html(block)
+        block = straighten_quotes(unescape_html(block))
         if first:
             first = False
             width = detect_wrap_width(block[:1 << 20])
