@@ -35,7 +35,8 @@ TRIGGER_LITERALS: tuple[tuple[str, bool], ...] = (
     ("rain loss ", False), ("| loss ", False), ("|Loss: ", False),  # torchtune bar: `1|12|Loss: 1.87:`  # mlx-lm `Iter 75: Train loss 3.3`, `step 9 | loss 2.3 | lr ...`
     ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
     ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False), ("Exception", False),
-    ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False),
+    ("KeyboardInterrupt", False), ("NVRM", False), ("fallen off the bus", False), ("Xid=", False), ("XID_ERRORS", False),
+    ("Timeout at NCCL work", False), ("communicator was aborted on rank", False),
     ("ChildFailedError", False), ("Root Cause", False), ("local_rank", False), ("exitcode", False),
     ("error_file", False), ("Signal ", False), ("Watchdog", False), ("collective operation timeout", True),
     # not a bare "NCCL": healthy multi-GPU runs print thousands of `NCCL INFO` lines
@@ -587,6 +588,7 @@ class XidEvent:
     fell_off_bus: bool = False
 
 
+_XID_MONITOR_RE = re.compile(r"XidCriticalError: Xid=(\d+)|DCGM_FI_DEV_XID_ERRORS\{[^}]*\}\s+(\d+)\b")
 _XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)[^)]*\):\s*(\d+)"
                      r"(?:,\s*pid=('<unknown>'|<unknown>|\d+))?(?:,\s*name=([^,]*))?(?:,\s*(.*))?")
 _BUS_RE = re.compile(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at (?:PCI:)?)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
@@ -609,6 +611,11 @@ def parse_xid(text: str) -> Optional[XidEvent]:
         return XidEvent(xid=xid, pci=m.group(1).lower(), pid=int(pid) if pid and pid.isdigit() else None,
                         process=name if name and name != "<unknown>" else None, text=rest,
                         fell_off_bus=xid == 79 or "fallen off the bus" in text)
+    m = _XID_MONITOR_RE.search(text)
+    if m and int(m.group(1) or m.group(2)) > 0:
+        # the Kubernetes device plugin and dcgm-exporter report the driver's Xid without the NVRM line
+        xid = int(m.group(1) or m.group(2))
+        return XidEvent(xid=xid, text=text.strip(), fell_off_bus=xid == 79)
     b = _BUS_RE.search(text)
     if b:
         return XidEvent(xid=None, pci=b.group(1).lower(), text=text.strip(), fell_off_bus=True)
@@ -690,7 +697,8 @@ class WatchdogTimeout:
     op: Optional[str]
 
 
-_WATCHDOG_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?(?:Watchdog caught collective operation timeout|collective operation timeout)", re.I)
+_WATCHDOG_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?(?:Watchdog caught collective operation timeout|collective operation "
+                          r"timeout|Timeout at NCCL work:)|NCCL communicator was aborted on rank (\d+)", re.I)
 _TIMEOUT_MS_RE = re.compile(r"Timeout\(ms\)=(\d+)")
 _RAN_MS_RE = re.compile(r"ran for (\d+) milliseconds")
 _OPTYPE_RE = re.compile(r"OpType=(\w+)")
@@ -703,7 +711,8 @@ def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
     if not m:
         return None
     t, r, o = _TIMEOUT_MS_RE.search(text), _RAN_MS_RE.search(text), _OPTYPE_RE.search(text)
-    return WatchdogTimeout(rank=int(m.group(1)) if m.group(1) else None,
+    rank = m.group(1) or m.group(2)
+    return WatchdogTimeout(rank=int(rank) if rank else None,
                            timeout_ms=int(t.group(1)) if t else None,
                            ran_ms=int(r.group(1)) if r else None, op=o.group(1) if o else None)
 
@@ -1089,13 +1098,14 @@ class FactCollector:
             self._memsum_open(line)
             self._memsum_feed(line)
             touched = True
-        if "NVRM" in text:
+        if "NVRM" in text or "Xid=" in text or "XID_ERRORS" in text:
             self._xid(line)
             touched = True
         if "ChildFailedError" in text or ("Root Cause" in text and self._cf_lines is None):
             self._cf_open(line)
             touched = True
-        if "ollective operation timeout" in text:
+        if "ollective operation timeout" in text or "Timeout at NCCL work" in text \
+                or "communicator was aborted on rank" in text:
             self._timeout(line)
             touched = True
         if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
