@@ -279,7 +279,9 @@ _CURLY_QUOTES = ((b"\xe2\x80\x98", b"'"), (b"\xe2\x80\x99", b"'"), (b"\xe2\x80\x
 
 def straighten_quotes(block: bytes) -> bytes:
     """‘ ’ “ ” -> ' and " (else unchanged, fast)."""
-    if b"\xe2\x80" not in block:
+    # one memchr first: the byte 0x80 is in no tqdm bar (whose blocks are e2 96 xx), while searching
+    # for e2 80 itself stumbles on every bar cell (8 ms per 8 MiB block)
+    if b"\x80" not in block:
         return block
     for curly, plain in _CURLY_QUOTES:
         if curly in block:
