@@ -289,3 +289,57 @@ def test_nccl_shm_warn_lines_outrank_the_dataloader_shm_rule(tmp_path):
 def test_hwdist_near_misses_stay_silent(text, tmp_path):
     cause = _first_cause(text, tmp_path)
     assert cause is None or not cause.startswith(("hw.", "dist.")), cause
+
+
+# --- hw / dist QA round 3: shapes found in the most-reported issues (torch 2.3's watchdog work line,
+# torch 1.x's bare 'Some NCCL operations have failed or timed out.', NCCL < 2.12's IB completion
+# error without a peer, IB async events, failed verbs calls, the proxy / transport error trail,
+# ncclInvalidArgument, the GSP driver's channel reset for Xid 79), pasted alone.
+
+_HWDIST_SHORT_PASTES_R3 = [
+    ("[80748] [rank0]:[E321 02:07:08.465150152 ProcessGroupNCCL.cpp:1664] [PG 1 Rank 0] Exception (either an error "
+     "or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: 1582, last completed NCCL work: 1579.\n",
+     "dist.nccl_timeout"),
+    ("[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out.\n"
+     "[E ProcessGroupNCCL.cpp:543] To avoid data inconsistency, the entire process is terminated.\n", "dist.nccl_timeout"),
+    ("gpu7:41917:41994 [0] transport/net_ib.cu:788 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, "
+     "vendor err 129\n", "dist.nccl_error"),
+    ("node5:2210:2290 [3] transport/net_ib.cc:101 NCCL WARN NET/IB : Got async event : port error\n", "dist.nccl_error"),
+    ("dgx-b7:771204:771290 [0] misc/ibvwrap.cc:187 NCCL WARN Call to ibv_modify_qp failed with error Network is "
+     "unreachable\n", "dist.nccl_error"),
+    ("ncclInvalidArgument: Invalid value for an argument.\nLast error:\nInvalid config blocking attribute value -2147483648\n",
+     "dist.nccl_error"),
+    ("trn-w0:3468:3905 [4] NCCL INFO transport/net.cc:1302 -> 6\ntrn-w0:3468:3905 [4] NCCL INFO proxy.cc:698 -> 6\n",
+     "dist.nccl_error"),
+    ("kernel: NVRM: kgspRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.\n", "hw.fell_off_bus"),
+]
+
+
+@pytest.mark.parametrize("text,cause", _HWDIST_SHORT_PASTES_R3)
+def test_hwdist_round3_short_paste_names_the_cause(text, cause, tmp_path):
+    assert _first_cause(text, tmp_path) == cause
+
+
+def test_hwdist_round3_collective_timeout_is_not_high_confidence(tmp_path):
+    # a timeout is the echo of another rank: even a full watchdog line is labelled medium, never high
+    text = ("[rank3]:[E ProcessGroupNCCL.cpp:1414] [PG 0 Rank 3] Process group watchdog thread terminated with "
+            "exception: [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6075, "
+            "OpType=_ALLGATHER_BASE, NumelIn=1366, NumelOut=4098, Timeout(ms)=1800000) ran for 2954391 milliseconds "
+            "before timing out.\n")
+    p = tmp_path / "run.log"
+    p.write_text(text)
+    f = explain([str(p)]).findings[0]
+    assert f.cause == "dist.nccl_timeout" and f.confidence < 0.8, (f.cause, f.confidence)
+
+
+def test_hwdist_round3_ecc_rank_outranks_the_other_ranks_timeouts(tmp_path):
+    text = (
+        "[rank0]:[E0907 14:02:55.101 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9120, OpType=_REDUCE_SCATTER_BASE, NumelIn=8388608, NumelOut=1048576, Timeout(ms)=600000) "
+        "ran for 600041 milliseconds before timing out.\n"
+        "[rank5]:RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+        "[rank3]:[E0907 14:02:55.140 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9120, OpType=_REDUCE_SCATTER_BASE, NumelIn=8388608, NumelOut=1048576, Timeout(ms)=600000) "
+        "ran for 600044 milliseconds before timing out.\n"
+    )
+    assert _first_cause(text, tmp_path) == "hw.memory_errors"
