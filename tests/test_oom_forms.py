@@ -140,6 +140,24 @@ SHORT_PASTES = [
     ("slurm-at-some-point", "slurmstepd: error: Exceeded job memory limit at some point.", None),
     # a bus error right after loading shards is a truncated mmap as often as /dev/shm: no shm claim
     ("bus-error-while-loading", "Loading checkpoint shards:  50%|#####     | 2/4\nBus error (core dumped)", None),
+    # QA round 3: shapes popular in the trackers that no rule knew
+    ("vllm-startup-free", "ValueError: Free memory on device cuda:0 (5.87/23.55 GiB) on startup is less than desired "
+     "GPU memory utilization (0.9, 21.20 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+     "processes.", "oom.other_process"),
+    # the compiler killed by the OOM killer outranks the build failure it causes
+    ("cc1plus-killed", "g++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.\n"
+     "ninja: build stopped: subcommand failed.\nERROR: Failed building wheel for flash-attn", "oom.host_ram"),
+    ("cicc-sig9", "nvcc error   : 'cicc' died due to signal 9 (Kill signal)", "oom.host_ram"),
+    # a segfaulting nvcc is not memory
+    ("cicc-sig11", "nvcc error   : 'cicc' died due to signal 11 (Invalid memory reference)", None),
+    ("cudnn-no-algorithm", "RuntimeError: Unable to find a valid cuDNN algorithm to run convolution", "oom.non_pytorch"),
+    ("bash-job-killed", "[1]+  Killed                  nohup python train.py > train.log 2>&1", "oom.host_ram"),
+    ("sagemaker-137", "AlgorithmError: ExecuteUserScriptError:\nExitCode 137\nErrorMessage \"\"", "oom.host_ram"),
+    ("jax-exhausted", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
+     "allocate 3.91GiB.", "oom.capacity"),
+    ("tf-exhausted", "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+     "shape[8,512,65536] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+     "oom.capacity"),
 ]
 
 
