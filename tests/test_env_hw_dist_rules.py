@@ -343,3 +343,62 @@ def test_hwdist_round3_ecc_rank_outranks_the_other_ranks_timeouts(tmp_path):
         "ran for 600044 milliseconds before timing out.\n"
     )
     assert _first_cause(text, tmp_path) == "hw.memory_errors"
+
+
+# --- env family, QA round 3: popular shapes as short pastes, messy pastes, confidence honesty ---
+
+@pytest.mark.parametrize("text, cause", [
+    ("NameError: name 'PreTrainedConfig' is not defined. Did you mean: 'PretrainedConfig'?\n", "env.version_conflict"),
+    ("/usr/local/lib/python3.10/dist-packages/unsloth/kernels/cross_entropy_loss.py in Unsloth_LlamaForCausalLM()\n"
+     "NameError: name 'Unpack' is not defined\n", "env.version_conflict"),
+    ("CUDA_VERSION=121\npython setup.py install\nCUDA SETUP: Setup Failed!\n", "env.bnb_broken"),
+    ("    optim_func = str2optimizer32bit[optimizer_name][0]\n"
+     "AttributeError: 'NoneType' object has no attribute 'cpaged_adamw32bit_grad_fp32'\n", "env.bnb_broken"),
+    ("subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.\n",
+     "env.version_conflict"),
+    ("/usr/local/cuda-12.1/include/crt/host_config.h:143:2: error: #error -- unsupported GNU version! gcc versions "
+     "later than 12 are not supported!\n", "env.version_conflict"),
+    ("ImportError: /root/.cache/torch_extensions/py311_cu121/fused_adam/fused_adam.so: cannot open shared object "
+     "file: No such file or directory\n", "env.version_conflict"),
+    ("OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n",
+     "env.version_conflict"),
+    ("ValueError: numpy.dtype size changed, may indicate binary incompatibility. Expected 96 from C header, "
+     "got 88 from PyObject\n", "env.version_conflict"),
+    ("TypeError: Descriptors cannot be created directly.\n", "env.version_conflict"),
+    ("KeyError: 'qwen2'\n", "env.version_conflict"),
+    # messy: message glued to a progress bar, escaped newlines of a JSON log record, srun-prefixed ranks
+    ("Loading checkpoint shards:  50%|#####     | 1/2 [00:03<00:03,  3.12s/it]ImportError: /v/lib/python3.10/"
+     "site-packages/flash_attn_2_cuda.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi\n",
+     "env.flash_attn_broken"),
+    ('{"level":"error","traceback":"Traceback (most recent call last):\\n  File \\"/app/t.py\\", line 1, in <module>'
+     '\\n  File \\"/usr/lib/python3.11/site-packages/torch/__init__.py\\", line 367, in <module>\\n    from torch._C '
+     'import *\\nImportError: libcudnn.so.9: cannot open shared object file: No such file or directory"}\n',
+     "env.torch_broken"),
+    ("".join(f"{r}: Failed to initialize NVML: Driver/library version mismatch\n" for r in range(8)),
+     "env.nvml_mismatch"),
+])
+def test_env_round3_short_and_messy_pastes_name_the_cause(text, cause, tmp_path):
+    assert _first_cause(text, tmp_path) == cause
+
+
+def test_env_round3_thin_evidence_is_not_high_confidence(tmp_path):
+    # a bare KeyError naming a model type, or a NameError from library code, is a likely reading, not a certain one
+    for text in ("KeyError: 'gemma3'\n",
+                 "NameError: name 'PreTrainedConfig' is not defined. Did you mean: 'PretrainedConfig'?\n"):
+        p = tmp_path / "run.log"
+        p.write_text(text)
+        first = explain([str(p)]).findings[0]
+        assert first.cause == "env.version_conflict"
+        assert first.confidence <= 0.6
+
+
+@pytest.mark.parametrize("text", [
+    # the user's own code: a missing import in a notebook cell next to a library warning line
+    ("/usr/local/lib/python3.10/dist-packages/transformers/utils/hub.py:124: FutureWarning: Using "
+     "`TRANSFORMERS_CACHE` is deprecated\nCell In[4], line 3\nNameError: name 'SFTTrainer' is not defined\n"),
+    # a chat template lookup, not a model type
+    ('  File "/opt/LLaMA-Factory/src/llamafactory/data/template.py", line 512, in get_template_and_fix_tokenizer\n'
+     "    template = TEMPLATES[data_args.template]\nKeyError: 'qwen2'\n"),
+])
+def test_env_round3_near_misses_are_not_version_conflicts(text, tmp_path):
+    assert _first_cause(text, tmp_path) != "env.version_conflict"
