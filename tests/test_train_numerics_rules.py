@@ -312,3 +312,71 @@ def test_all_nan_paste_needs_five_records_to_claim_masking(tmp_path, records, ca
     report = _explain(tmp_path, "bf16=True,\n" + _records(["nan"] * records, ["nan"] * records))
     causes = [f.cause for f in report.findings]
     assert (causes[0] if causes else None) == cause
+
+
+# --- third real-log QA round: short pastes and messy shapes ---------------------------------------
+
+@pytest.mark.parametrize("line, fires", [
+    ("Error invalid program counter at line 74 in file /src/csrc/ops.cu", True),
+    ("RuntimeError: CUDA error: invalid program counter", True),
+    ("al memory access was encountered Compile with TORCH_USE_CUDA_DSA to enable device-side assertions.", True),
+    ("Memory access fault by GPU node-2 (Agent handle: 0x55d8c2a4f1b0) on address 0x7f2a1c600000. Reason: Unknown.", True),
+    # a word that merely ends in -al before the phrase, mid-line, is not the wrapped tail
+    ("the normal memory access was encountered in the profiler", False),
+    ("Error operation not supported at line 380 in file /src/csrc/pythonInterface.c", False),
+])
+def test_illegal_access_short_forms(line, fires):
+    assert _fires_on_line("cuda-illegal-memory-access", line) is fires
+
+
+def _first(tmp_path: Path, text: str):
+    findings = _explain(tmp_path, text).findings
+    return findings[0] if findings else None
+
+
+def test_a_single_nan_record_is_a_labelled_guess_not_silence(tmp_path):
+    first = _first(tmp_path, "{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.41}\n")
+    assert first is not None and first.cause == "nan.fp16_overflow"
+    assert first.rule == "nan-loss-few-records-guess" and first.confidence <= 0.25
+
+
+def test_the_few_records_guess_never_outranks_a_specific_error(tmp_path):
+    text = ("{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.41}\n"
+            "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\n")
+    assert _first(tmp_path, text).cause == "train.no_grad"
+
+
+def test_the_few_records_guess_stays_silent_for_bf16_and_long_series(tmp_path):
+    assert _first(tmp_path, "bf16=True\n{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.4}\n") is None
+    # six records, three of them finite first: the fuller rules decide, not the guess
+    rules = {f.rule for f in _explain(tmp_path, _records([1.2, 1.1, 1.0, "nan", "nan", "nan"]) + "\n").findings}
+    assert "nan-loss-few-records-guess" not in rules
+
+
+def test_bf16_sudden_nan_is_divergence_with_low_confidence(tmp_path):
+    text = "  bf16=True,\n" + _records([1.5 - i * 0.01 for i in range(12)] + ["nan"] * 4) + "\n"
+    first = _first(tmp_path, text)
+    assert first.cause == "nan.divergence" and first.rule == "nan-loss-bf16-sudden"
+    assert first.confidence < 0.5
+    # the same records in fp16 are overflow
+    assert _first(tmp_path, text.replace("bf16", "fp16")).cause == "nan.fp16_overflow"
+
+
+@pytest.mark.parametrize("line, fires", [
+    ("\tsize mismatch for model.mm_projector.0.weight: copying a param with shape torch.Size([5120, 1024]) from "
+     "checkpoint, the shape in current model is torch.Size([4096, 1024]).", True),
+    ("\tsize mismatch for classifier.out_proj.weight: copying a param with shape torch.Size([5, 768]) from "
+     "checkpoint, the shape in current model is torch.Size([3, 768]).", False),
+    ("\tsize mismatch for model.layers.0.mlp.up_proj.weight: copying a param with shape torch.Size([11008, 4096]) "
+     "from checkpoint, the shape in current model is torch.Size([0]).", False),
+])
+def test_adapter_checkpoint_shape_mismatch_lines(line, fires):
+    assert _fires_on_line("adapter-checkpoint-shape-mismatch", line) is fires
+
+
+def test_windows_crlf_jupyter_paste_of_no_grad(tmp_path):
+    text = ("-" * 75 + "\r\nRuntimeError                              Traceback (most recent call last)\r\n"
+            "Cell In[14], line 7\r\n----> 7 trainer.train()\r\n\r\n"
+            "File C:\\Users\\u\\envs\\lora\\Lib\\site-packages\\torch\\_tensor.py:522, in Tensor.backward(self)\r\n"
+            "RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn\r\n")
+    assert _first(tmp_path, text).cause == "train.no_grad"
