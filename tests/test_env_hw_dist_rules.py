@@ -402,3 +402,41 @@ def test_env_round3_thin_evidence_is_not_high_confidence(tmp_path):
 ])
 def test_env_round3_near_misses_are_not_version_conflicts(text, tmp_path):
     assert _first_cause(text, tmp_path) != "env.version_conflict"
+
+
+def test_env_round3_lazy_import_wrapper_is_a_medium_guess_below_the_inner_cause(tmp_path):
+    wrapper = ("RuntimeError: Failed to import trl.trainer.sft_trainer because of the following error "
+               "(look up to see its traceback):\n")
+    p = tmp_path / "run.log"
+    p.write_text(wrapper)
+    first = explain([str(p)]).findings[0]
+    assert (first.cause, first.rule) == ("env.version_conflict", "env-version-lazy-import-failed")
+    assert first.confidence <= 0.5
+    # with the inner flash-attn binary mismatch above it, flash-attn is named first
+    inner = ("ImportError: /v/lib/python3.11/site-packages/flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so: "
+             "undefined symbol: _ZN3c104cuda9SetDeviceEi\n")
+    assert _first_cause(inner + wrapper, tmp_path) == "env.flash_attn_broken"
+
+
+@pytest.mark.parametrize("text,cause", [
+    # TCPStore timeouts: another rank never answered the store (rank 0 crashed or came far later)
+    ("[rank1]: torch.distributed.DistStoreError: Socket Timeout\n", "dist.nccl_timeout"),
+    # torch 1.x's aborted communicator names the NCCL error that aborted it: the error, not a timeout
+    ("RuntimeError: NCCL communicator was aborted on rank 1.  Original reason for failure was: NCCL error: "
+     "unhandled system error, NCCL version 2.10.3\n", "dist.nccl_error"),
+    # NCCL's socket 'Last error:' payload
+    ("Last error:\nNet : Call to recv from 10.40.2.11<45219> failed : Connection reset by peer\n", "dist.nccl_error"),
+    # DCGM's thermal health watch
+    ("Detected a WARNING in health system Thermal: 'Detected clocks event due to thermal violation in GPU 2.\n",
+     "hw.thermal_power"),
+])
+def test_hwdist_round3_more_short_pastes(text, cause, tmp_path):
+    assert _first_cause(text, tmp_path) == cause
+
+
+def test_hwdist_round3_smi_table_ecc_outranks_the_illegal_access(tmp_path):
+    text = (
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "|   3  NVIDIA A100-SXM4-80GB          On  |   00000000:4E:00.0 Off |                    2 |\n"
+    )
+    assert _first_cause(text, tmp_path) == "hw.memory_errors"
