@@ -130,3 +130,12 @@ def test_matcher_hits_are_digit_blind_only_for_digit_free_literals():
         if lit in other.lower():
             full |= tg
     assert m.hits(other) == full
+
+
+def test_error_after_eight_kib_of_other_output_on_one_line_is_read(tmp_path):
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "long.log"
+    log.write_text("a " * 8000 + "RuntimeError: CUDA error: device-side assert triggered\n")
+    findings = explain([str(log)]).findings
+    assert findings and findings[0].cause == "cuda.device_assert"

@@ -266,7 +266,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         collector.error_tail.append(Evidence(file=item.path, line=lineno, text=quote))
                     continue
                 was_idle = collector.idle
-                line = reader.make_line(raw, item.path, lineno, item.rank, input_index=item.index)
+                focus = _literal_at(raw, matcher.prefilter) if len(raw) > reader.MAX_LINE_CHARS else 0
+                line = reader.make_line(raw, item.path, lineno, item.rank, focus=focus, input_index=item.index)
                 if line.rank is not None:
                     item.ranks.add(line.rank)
                 if not oom_bar_done and (b"ut of memory" in raw or b"UT OF MEMORY" in raw) \
@@ -352,6 +353,14 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
         if offset == 0:
             return len(METRIC_DICT_RE.findall(block))
     return len(METRIC_DICT_RE.findall(block, 0, offset))
+
+
+def _literal_at(raw: bytes, prefilter: Prefilter) -> int:
+    """Where the first literal of interest sits in an overlong line (the part make_line keeps):
+    an error glued after 8 KiB of other output is then read, not cut off."""
+    low = raw.lower()
+    found = [pos for lit, ci in prefilter.kept for pos in ((low if ci else raw).find(lit),) if pos >= 0]
+    return min(found) if found else 0
 
 
 def _physical_line(block: bytes, joins: list[int], n: int) -> int:

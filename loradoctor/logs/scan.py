@@ -176,6 +176,11 @@ class Prefilter:
         self.anchor_bytes = bytes(sorted(anchor_bytes))
 
     @property
+    def kept(self) -> list[tuple[bytes, bool]]:
+        """The literals searched for, as (bytes, ignore_case); ignore_case ones are lower-cased."""
+        return self._kept
+
+    @property
     def needles(self) -> list[bytes]:
         return [bytes((b,)) for b in self.anchor_bytes] + self._alone_cs + self._alone_ci
 
