@@ -139,3 +139,16 @@ def test_error_after_eight_kib_of_other_output_on_one_line_is_read(tmp_path):
     log.write_text("a " * 8000 + "RuntimeError: CUDA error: device-side assert triggered\n")
     findings = explain([str(log)]).findings
     assert findings and findings[0].cause == "cuda.device_assert"
+
+
+def test_json_record_carrying_a_traceback_is_read_as_its_lines(tmp_path):
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "app.jsonl"
+    log.write_text('{"ts": 1, "level": "info", "msg": "loading"}\n'
+                   '{"level":"error","traceback":"Traceback (most recent call last):\\n  File \\"/app/t.py\\", line 1, '
+                   'in <module>\\nImportError: libcudnn.so.9: cannot open shared object file: No such file or '
+                   'directory"}\n')
+    findings = explain([str(log)]).findings
+    assert findings and findings[0].cause == "env.torch_broken"
+    assert findings[0].evidence[0].line == 2

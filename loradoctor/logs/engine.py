@@ -280,8 +280,11 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         collector.set_progress(*bar)
                     collector.records_before_oom = records_before + (
                         _records_before_line(block, count + 1) if has_records else 0)
-                touched = collector.feed(line)
-                matched = _match_line(line, matcher, rules, states)
+                touched = False
+                matched = False
+                for part in _escaped_lines(line, raw):
+                    touched |= collector.feed(part)
+                    matched |= _match_line(part, matcher, rules, states)
                 changed |= matched
                 if was_idle and not touched and not matched and len(raw) <= INERT_MAX_BYTES:
                     if len(inert) >= LINE_CACHE_ENTRIES:
@@ -353,6 +356,23 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
         if offset == 0:
             return len(METRIC_DICT_RE.findall(block))
     return len(METRIC_DICT_RE.findall(block, 0, offset))
+
+
+_JSON_ESCAPES = (("\\n", "\n"), ('\\"', '"'), ("\\t", "\t"), ("\\/", "/"))
+
+
+def _escaped_lines(line: reader.Line, raw: bytes) -> list[reader.Line]:
+    """A JSON log record carrying a whole traceback in one string (`{"level": "error", "traceback":
+    "Traceback ...\\n  File ...\\nImportError: ..."}`) is read as the lines it holds, each with the
+    record's line number; any other line is itself."""
+    if raw.count(b"\\n") < 2 or not (raw.lstrip()[:1] == b"{" or b'":' in raw):
+        return [line]
+    text = line.text
+    for escaped, plain in _JSON_ESCAPES:
+        text = text.replace(escaped, plain)
+    return [line] + [reader.make_line(part.encode("utf-8", "replace"), line.file, line.lineno, line.rank,
+                                      input_index=line.input_index)
+                     for part in text.split("\n") if part.strip()]
 
 
 def _literal_at(raw: bytes, prefilter: Prefilter) -> int:
