@@ -564,3 +564,13 @@ def test_optional_template_parts_vanish_when_a_value_is_missing():
     assert render_template(tpl, {"metrics.grad_norm_max": 9.5, "metrics.grad_norm_first": 0.5}, m) == \
         "timed out (joined 3 of 8); grad_norm 9.5, first 0.5"
     assert render_template(tpl, {}, None) == "timed out; grad_norm ?"
+
+
+def test_lint_refuses_an_explicit_prefilter_of_digits_and_punctuation(tmp_path):
+    from loradoctor.logs.rules import lint_rules
+
+    (tmp_path / "r.yaml").write_text(
+        "rules:\n  - id: t-digits\n    cause: hw.memory_errors\n    title: T\n    severity: error\n"
+        "    summary: s\n    patterns: ['GPU (\\\\d+) ECC']\n    prefilter: ['0000:']\n", encoding="utf-8")
+    problems = lint_rules(tmp_path)
+    assert any("'0000:'" in p and "prefilter" in p for p in problems), problems

@@ -442,6 +442,11 @@ def _constants():
     return c
 
 
+# bytes that fill progress bars, metric dicts and timestamps: a literal made of them (and digits)
+# would send most of a training log through the rule matcher
+_COMMON_LOG_CHARS = frozenset("0123456789 %|/.:,[]<>_'\t")
+
+
 def _informative_literal(text: str) -> bool:
     """Long enough, and with at least two letters: ' 43' or '137' occur in every progress bar."""
     return len(text) >= MIN_DERIVED_LITERAL and sum(ch.isalpha() for ch in text) >= 2
@@ -586,7 +591,10 @@ def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> 
     """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
     matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
     if explicit:
-        return [(lit, True) for lit in explicit], []
+        weak = [lit for lit in explicit if sum(c not in _COMMON_LOG_CHARS for c in lit) < 2]
+        problems = [f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric "
+                    f"line holds; give words every match contains" for lit in weak]
+        return [(lit, True) for lit in explicit], problems
     literals: list[tuple[str, bool]] = []
     problems = []
     for p in patterns:
