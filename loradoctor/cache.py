@@ -22,11 +22,15 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("LORADOCTOR_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "loradoctor"
+    """The cache folder (it may not exist yet). Raises OSError when no home folder can be found."""
+    try:
+        explicit = os.environ.get("LORADOCTOR_CACHE_DIR")
+        if explicit:
+            return Path(explicit).expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "loradoctor"
+    except (RuntimeError, KeyError) as exc:  # no HOME and no passwd entry (some containers)
+        raise OSError(f"no cache folder: {exc}") from None
 
 
 def digest(parts: Iterable[Any]) -> str:
@@ -55,8 +59,8 @@ def write_bytes(kind: str, key: str, suffix: str, data: bytes, keep: int = 8) ->
     """Store an entry; keep at most `keep` entries of this kind (the oldest go). False when it could not."""
     if not enabled():
         return False
-    folder = cache_dir()
     try:
+        folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{kind}-", dir=folder)
         try:

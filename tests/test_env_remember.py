@@ -159,3 +159,17 @@ def test_unwritable_cache_never_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("LORADOCTOR_CACHE_DIR", str(blocker / "sub"))  # a folder under a file
     assert cache.write_json("probe", "k", {"a": 1}) is False
     assert cache.read_json("probe", "k") is None
+
+
+def test_no_home_folder_means_no_cache(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.delenv("LORADOCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cache.read_json("probe", "k") is None
+    assert cache.write_json("probe", "k", {"a": 1}) is False
