@@ -152,3 +152,19 @@ def test_json_record_carrying_a_traceback_is_read_as_its_lines(tmp_path):
     findings = explain([str(log)]).findings
     assert findings and findings[0].cause == "env.torch_broken"
     assert findings[0].evidence[0].line == 2
+
+
+def test_traceback_whose_line_breaks_were_lost_is_read_as_lines(tmp_path, monkeypatch):
+    from loradoctor.logs import engine
+
+    flat = ('Traceback (most recent call last):   File "/w/asr_lora.py", line 5, in <module>     import torchaudio   '
+            'File "/v/lib/python3.10/site-packages/torchaudio/_extension/utils.py", line 60, in _load_lib     '
+            'torch.ops.load_library(path)   File "/v/lib/python3.10/site-packages/torch/_ops.py", line 1295, in '
+            'load_library     ctypes.CDLL(path) OSError: /v/lib/python3.10/site-packages/torchaudio/lib/'
+            'libtorchaudio.so: undefined symbol: _ZNK5torch8autograd4Node4nameB5cxx11Ev\n')
+    log = tmp_path / "flat.log"
+    log.write_text(flat)
+    findings = engine.explain([str(log)]).findings
+    assert findings and findings[0].cause == "env.version_conflict" and findings[0].evidence[0].line == 1
+    monkeypatch.setattr(engine, "FLATTENED_MIN_CHARS", 10**9)  # without the split the pattern misses
+    assert not [f for f in engine.explain([str(log)]).findings if f.cause == "env.version_conflict"]

@@ -361,18 +361,30 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
 _JSON_ESCAPES = (("\\n", "\n"), ('\\"', '"'), ("\\t", "\t"), ("\\/", "/"))
 
 
+# a traceback whose line breaks were lost (pasted through a form that joins lines): where its lines began
+_FLATTENED_SPLIT_RE = re.compile(r"\s(?=Traceback \(most recent call last\):|File \"[^\"]+\", line \d+|"
+                                 r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt): )")
+FLATTENED_MIN_CHARS = 300
+
+
 def _escaped_lines(line: reader.Line, raw: bytes) -> list[reader.Line]:
     """A JSON log record carrying a whole traceback in one string (`{"level": "error", "traceback":
-    "Traceback ...\\n  File ...\\nImportError: ..."}`) is read as the lines it holds, each with the
-    record's line number; any other line is itself."""
-    if raw.count(b"\\n") < 2 or not (raw.lstrip()[:1] == b"{" or b'":' in raw):
-        return [line]
+    "Traceback ...\\n  File ...\\nImportError: ..."}`), or a traceback whose line breaks were lost,
+    is read as the lines it holds, each with the record's line number; any other line is itself."""
     text = line.text
-    for escaped, plain in _JSON_ESCAPES:
-        text = text.replace(escaped, plain)
+    if raw.count(b"\\n") >= 2 and (raw.lstrip()[:1] == b"{" or b'":' in raw):
+        for escaped, plain in _JSON_ESCAPES:
+            text = text.replace(escaped, plain)
+        parts = text.split("\n")
+    elif len(text) >= FLATTENED_MIN_CHARS and ("Traceback (most" in text or text.count('File "') >= 2):
+        parts = _FLATTENED_SPLIT_RE.split(text)
+    else:
+        return [line]
+    if len(parts) < 2:
+        return [line]
     return [line] + [reader.make_line(part.encode("utf-8", "replace"), line.file, line.lineno, line.rank,
                                       input_index=line.input_index)
-                     for part in text.split("\n") if part.strip()]
+                     for part in parts if part.strip()]
 
 
 def _literal_at(raw: bytes, prefilter: Prefilter) -> int:
