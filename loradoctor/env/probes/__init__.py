@@ -81,13 +81,14 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
     child_timeout = timeout_s if timeout_s is not None else (QUICK_TIMEOUT_S if quick else DEFAULT_TIMEOUT_S)
     fast_timeout = min(FAST_PROBE_TIMEOUT_S, child_timeout) if timeout_s is not None else FAST_PROBE_TIMEOUT_S
     started = time.monotonic()
+
+    def child_probe(script: str, args: list[str], module: str, reuse: bool) -> "remember.CachedProbe":
+        # a healthy result remembered for this exact install is reused (remember.py says what the key holds)
+        key = remember.probe_key(child.source(script), args, module) if reuse and python is None else None
+        return remember.CachedProbe(key, module, lambda: child.ChildProbe(script, args, child_timeout, python=python))
+
     # Children first: `import torch` is the slowest thing we do, everything else overlaps with it.
-    # A healthy result remembered for this exact install is reused (remember.py says what the key holds).
-    torch_args = ["--deep"] if deep else []
-    torch_key = None if (deep or fresh or python is not None) else remember.probe_key(
-        child.source("child_torch.py"), torch_args, "torch")
-    torch_child = remember.recall(torch_key) or child.ChildProbe("child_torch.py", torch_args, child_timeout,
-                                                                 python=python)
+    torch_child = child_probe("child_torch.py", ["--deep"] if deep else [], "torch", reuse=not (deep or fresh))
     ext_children = {}
     if not quick:
         for key, module, dists in (("bitsandbytes", "bitsandbytes", ("bitsandbytes",)),
@@ -95,12 +96,9 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
             # Another interpreter: we cannot read its metadata from here, so its child decides (find_spec, cheap).
             version = _dist_installed(*dists) if python is None else None
             if version is not None or python is not None:
-                ext_key = None if (fresh or python is not None) else remember.probe_key(
-                    child.source("child_ext.py"), [module], module)
-                probe = remember.recall(ext_key) or child.ChildProbe("child_ext.py", [module], child_timeout, python=python)
-                ext_children[key] = (version, probe, module, ext_key)
+                ext_children[key] = (version, child_probe("child_ext.py", [module], module, reuse=not fresh))
             else:
-                ext_children[key] = (None, None, module, None)
+                ext_children[key] = (None, None)
     packages_fn = packages.probe if python is None else (lambda: _packages_in(python, fast_timeout))
     threads = {
         "system": _ThreadProbe("system", system.probe, fast_timeout),
@@ -111,9 +109,7 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
     snap: dict[str, Any] = {name: t.result() for name, t in threads.items()}
     times = {name: t.elapsed_s for name, t in threads.items()}
 
-    torch_section = torch_child if isinstance(torch_child, dict) else torch_child.result()
-    if not isinstance(torch_child, dict):
-        remember.remember(torch_key, "torch", torch_section)
+    torch_section = torch_child.result()
     for key in ("python", "python_executable"):  # the interpreter actually probed
         value = torch_section.pop(key, None)
         if value and isinstance(snap.get("system"), dict) and "error" not in snap["system"]:
@@ -126,13 +122,11 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
         torch_section["version"] = torch_dist  # from metadata: the import itself failed
     snap["torch"] = torch_section
     times["torch"] = torch_section.get("probe", {}).get("elapsed_s")
-    for key, (version, probe, module, ext_key) in ext_children.items():
+    for key, (version, probe) in ext_children.items():
         if probe is None:
             snap[key] = {"installed": False}
             continue
-        section = probe if isinstance(probe, dict) else probe.result()
-        if not isinstance(probe, dict):
-            remember.remember(ext_key, module, section)
+        section = probe.result()
         if version is not None:
             section.setdefault("version", version)
         section.setdefault("installed", True)

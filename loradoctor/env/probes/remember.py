@@ -30,8 +30,7 @@ import glob
 import importlib.util
 import os
 import sys
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from loradoctor import cache
 
@@ -162,3 +161,20 @@ def remember(key: Optional[str], module: str, section: dict[str, Any]) -> bool:
         return False
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return cache.write_json(KIND, key, {"created": created, "module": module, "section": section})
+
+
+class CachedProbe:
+    """A child probe through the cache: the remembered healthy result for `key`, else a fresh child
+    (`start()`, a ChildProbe) whose result is remembered when it is healthy. `result()` as ChildProbe's.
+    key=None (--fresh, --deep, --python, cache off) always runs the child."""
+
+    def __init__(self, key: Optional[str], module: str, start: Callable[[], Any]) -> None:
+        self._key, self._module = key, module
+        self._section = recall(key)
+        self._child = start() if self._section is None else None
+
+    def result(self) -> dict[str, Any]:
+        if self._section is None:
+            self._section = self._child.result()
+            remember(self._key, self._module, self._section)
+        return self._section
