@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -309,10 +309,6 @@ def _check_rule_dir(path: Path, option: str) -> str:
     if not path.is_dir():
         raise UserError(f"{option} {path}: not a folder (give the folder that holds your rule .yaml files)")
     return str(path)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _echo(text: str, err: bool = False, end: str = "\n") -> None:

@@ -15,7 +15,6 @@ import re
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from functools import cmp_to_key
 from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding
@@ -71,9 +70,6 @@ class ExplainReport:
 
 # ---------------------------------------------------------------------------------------------
 # matching
-
-_DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
-
 
 def _has_digit(text: str) -> bool:
     return any(c.isdigit() for c in text)
@@ -164,7 +160,7 @@ class Matcher:
 
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
-        blind = text.translate(_DIGITS_TO_ZERO)
+        blind = text.translate(reader.DIGITS_BLIND)
         cached = self._blind_cache.get(blind)
         if cached is None:
             cached = _scan_literals(blind, self._case, self._nocase)
@@ -282,7 +278,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                         _records_before_line(block, count + 1) if has_records else 0)
                 touched = False
                 matched = False
-                for part in _escaped_lines(line, raw):
+                for part in _lines_within(line, raw):
                     touched |= collector.feed(part)
                     matched |= _match_line(part, matcher, rules, states)
                 changed |= matched
@@ -367,7 +363,7 @@ _FLATTENED_SPLIT_RE = re.compile(r"\s(?=Traceback \(most recent call last\):|Fil
 FLATTENED_MIN_CHARS = 300
 
 
-def _escaped_lines(line: reader.Line, raw: bytes) -> list[reader.Line]:
+def _lines_within(line: reader.Line, raw: bytes) -> list[reader.Line]:
     """A JSON log record carrying a whole traceback in one string (`{"level": "error", "traceback":
     "Traceback ...\\n  File ...\\nImportError: ..."}`), or a traceback whose line breaks were lost,
     is read as the lines it holds, each with the record's line number; any other line is itself."""
@@ -391,8 +387,8 @@ def _literal_at(raw: bytes, prefilter: Prefilter) -> int:
     """Where the first literal of interest sits in an overlong line (the part make_line keeps):
     an error glued after 8 KiB of other output is then read, not cut off."""
     low = raw.lower()
-    found = [pos for lit, ci in prefilter.kept for pos in ((low if ci else raw).find(lit),) if pos >= 0]
-    return min(found) if found else 0
+    found = [(low if ci else raw).find(lit) for lit, ci in prefilter.kept]
+    return min((pos for pos in found if pos >= 0), default=0)
 
 
 def _physical_line(block: bytes, joins: list[int], n: int) -> int:
@@ -422,12 +418,11 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input,
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
-    state (a new piece of evidence, a require_all met, an exclude seen): once a rule needs no more,
-    its matches change nothing, and a repeat of the line can be skipped. What a line's text does to the
-    rules (which targets, which pattern match) is remembered for repeated lines: a warning
-    printed every step then costs one dict lookup. Rule states only ever saturate (more
-    matches, require met, exclude seen), so a target skipped because its rule was saturated
-    never needs to be tried again."""
+    state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
+    the rules (which targets, which pattern match) is remembered for repeated lines. Rule states only
+    ever saturate (more matches, require met, exclude seen), so a target skipped because its rule was
+    saturated never needs to be tried again, and a match on a saturated rule changes nothing (the
+    engine may then skip later repeats of the line)."""
     text = line.text
     cache = matcher.line_cache
     results = cache.get(text)

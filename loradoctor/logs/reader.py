@@ -326,7 +326,7 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
         full_lines.add(line)
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if nxt and not nxt[:1].isspace() and \
-                nxt[:8].translate(_DIGITS_BLIND) != line[:8].translate(_DIGITS_BLIND):
+                nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
             cut_lines.add(line)
     full, cut = len(full_lines), len(cut_lines)
     wide = sum(1 for line in counted if len(line) >= 40)
@@ -336,9 +336,8 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
     return None
 
 
-_DIGITS_BLIND = str.maketrans("123456789", "000000000")
-
-
+# str.translate table writing every digit as 0: lines that differ only in numbers compare equal
+DIGITS_BLIND = str.maketrans("123456789", "000000000")
 _TABLE_EDGES = "|│┃║+"
 
 
@@ -379,8 +378,7 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
     content raises UserError; HTML-escaped text is unescaped, typographic quotes straightened; a
-    hard-wrapped input is rejoined
-    (see iter_blocks_with_joins for the physical line numbers)."""
+    hard-wrapped input is rejoined (iter_blocks_with_joins gives the physical line numbers)."""
     for block, _ in iter_blocks_with_joins(item, block_bytes, first_block_bytes):
         yield block
 
