@@ -448,8 +448,10 @@ _COMMON_LOG_CHARS = frozenset("0123456789 %|/.:,[]<>_'\t")
 
 
 def _informative_literal(text: str) -> bool:
-    """Long enough, and with at least two letters: ' 43' or '137' occur in every progress bar."""
-    return len(text) >= MIN_DERIVED_LITERAL and sum(ch.isalpha() for ch in text) >= 2
+    """A prefilter literal worth its cost: long enough, and with two characters beyond the digits and
+    punctuation of progress bars, metric dicts and timestamps (' 43', '137' or '0000:' would send most
+    of a training log through the matcher). One test for derived and explicit literals."""
+    return len(text) >= MIN_DERIVED_LITERAL and sum(ch not in _COMMON_LOG_CHARS for ch in text) >= 2
 
 
 def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
@@ -591,7 +593,7 @@ def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> 
     """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
     matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
     if explicit:
-        weak = [lit for lit in explicit if sum(c not in _COMMON_LOG_CHARS for c in lit) < 2]
+        weak = [lit for lit in explicit if not _informative_literal(lit)]
         problems = [f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric "
                     f"line holds; give words every match contains" for lit in weak]
         return [(lit, True) for lit in explicit], problems
