@@ -54,3 +54,31 @@ def run_cli(*args: str, input: str = None, env: dict = None, timeout: float = 12
         [sys.executable, "-m", "loradoctor", *args],
         input=input, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(ROOT),
     )
+
+
+def explain_text(tmp_path: Path, text: str, name: str = "run.log"):
+    """`loradoctor explain` (in-process) on `text` saved as a log file; the ExplainReport."""
+    from loradoctor.logs.engine import explain
+
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return explain([str(path)])
+
+
+def describe(report, n: int = 3) -> str:
+    """The top n findings of a report, readable in a failing assertion."""
+    if not report.findings:
+        tail = "\n".join(f"      {e.where()}: {e.text}" for e in report.unrecognised_tail[-5:])
+        return "  no findings at all; last error-looking lines:\n" + (tail or "      (none)")
+    out = []
+    for f in report.findings[:n]:
+        out.append(f"  {f.rank}. {f.cause} [{f.rule}] {f.severity}, confidence {f.confidence:.2f}, "
+                   f"consequence_of={f.consequence_of}: {f.title}")
+        if f.why_rank:
+            out.append(f"       why: {f.why_rank}")
+        for e in f.evidence[:2]:
+            out.append(f"       {e.where()}: {e.text[:160]}")
+    more = len(report.findings) - n
+    if more > 0:
+        out.append(f"  ... and {more} more")
+    return "\n".join(out)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import describe
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import load_rules
 
@@ -60,19 +61,7 @@ def _params() -> list:
     return out
 
 
-def _describe(report, n: int = 4) -> str:
-    """The top n findings, readable in a failing assertion."""
-    if not report.findings:
-        tail = "\n".join(f"      {e.where()}: {e.text}" for e in report.unrecognised_tail[-5:])
-        return "  no findings; last error-looking lines:\n" + (tail or "      (none)")
-    lines = []
-    for f in report.findings[:n]:
-        lines.append(f"  {f.rank}. {f.cause} [{f.rule}] {f.severity} {f.confidence:.2f}"
-                     f" consequence_of={f.consequence_of}")
-        lines.append(f"       why: {f.why_rank}")
-        for e in f.evidence[:2]:
-            lines.append(f"       {e.where()}: {e.text[:150]}")
-    return "\n".join(lines)
+
 
 
 def test_there_are_enough_cases():
@@ -105,12 +94,12 @@ def test_cascade_first_finding(case: Path):
     logs = sorted(p.name for p in case.iterdir() if p.is_file() and p.name != "expect.yaml")
     read = sorted(Path(i["path"]).name for i in report.inputs)
     assert read == logs, f"{case.name}: the reader took {read}, the folder has {logs}"
-    assert report.findings, f"{case.name}: nothing recognised\n{_describe(report)}"
+    assert report.findings, f"{case.name}: nothing recognised\n{describe(report, 4)}"
     first = report.findings[0]
     # a consequence that won is the typical cascade failure: say so before the generic mismatch
     assert first.cause not in (exp.get("not_first") or []), (
         f"{case.name}: a consequence came first: {first.cause} ({first.rule}), expected {exp['first']}\n"
-        f"  case: {exp['why']}\n{_describe(report)}")
+        f"  case: {exp['why']}\n{describe(report, 4)}")
     assert first.cause == exp["first"], (
         f"{case.name}: first finding is {first.cause} ({first.rule}), expected {exp['first']}\n"
-        f"  case: {exp['why']}\n{_describe(report)}")
+        f"  case: {exp['why']}\n{describe(report, 4)}")

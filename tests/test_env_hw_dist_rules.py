@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import explain_text
 from loradoctor.logs.engine import explain
 from loradoctor.logs.facts import FactCollector, location_from_frames
 from loradoctor.logs.reader import make_line
@@ -86,16 +87,12 @@ def test_nccl_timeout_during_fsdp_save_is_located_at_save():
 
 
 def _first_cause(text: str, tmp_path) -> str | None:
-    p = tmp_path / "run.log"
-    p.write_text(text)
-    report = explain([str(p)])
-    return report.findings[0].cause if report.findings else None
+    findings = explain_text(tmp_path, text).findings
+    return findings[0].cause if findings else None
 
 
 def _rules_fired(text: str, tmp_path) -> set[str]:
-    p = tmp_path / "run.log"
-    p.write_text(text)
-    return {f.rule for f in explain([str(p)]).findings}
+    return {f.rule for f in explain_text(tmp_path, text).findings}
 
 
 def test_paging_file_is_not_a_broken_torch(tmp_path):

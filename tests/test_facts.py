@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import explain_text
 from loradoctor.logs.factnames import KNOWN_FACTS
 from loradoctor.logs.facts import (
     FactCollector, location_from_frames, parse_child_failed, parse_exit_code, parse_memory_summary,
@@ -779,16 +780,11 @@ def test_wandb_summary_is_one_final_record():
     assert "metrics.steps" not in collect(WANDB_SUMMARY[:4]).flat()
 
 
-def _explain_text(tmp_path, name, text):
-    from loradoctor.logs.engine import explain
 
-    path = tmp_path / name
-    path.write_text(text)
-    return explain([str(path)])
 
 
 def test_end_to_end_notebook_table_flat_loss(tmp_path):
-    report = _explain_text(tmp_path, "nb.log", "Unsloth: training on a Tesla T4\n" + FLAT_TABLE)
+    report = explain_text(tmp_path, name="nb.log", text="Unsloth: training on a Tesla T4\n" + FLAT_TABLE)
     assert report.facts["metrics.steps"] == 12 and report.facts["metrics.loss_flat_steps"] == 12
     assert "loss.flat" in [f.cause for f in report.findings]
 
@@ -798,13 +794,13 @@ def test_end_to_end_string_dicts_fp16_nan(tmp_path):
     lines += ["{'loss': '%.3f', 'grad_norm': '0.66', 'learning_rate': '0.0002', 'epoch': '0.%02d'}" % (1.9 - 0.1 * i, i)
               for i in range(6)]
     lines += ["{'loss': 'nan', 'grad_norm': 'nan', 'learning_rate': '0.0002', 'epoch': '0.9'}"] * 3
-    report = _explain_text(tmp_path, "s.log", "\n".join(lines) + "\n")
+    report = explain_text(tmp_path, name="s.log", text="\n".join(lines) + "\n")
     assert report.facts["metrics.steps"] == 9 and report.facts["metrics.loss_nan_count"] == 3
     assert report.findings and report.findings[0].cause == "nan.fp16_overflow"
 
 
 def test_end_to_end_wandb_summary(tmp_path):
-    report = _explain_text(tmp_path, "w.log", "TrainingArguments(fp16=True)\n" + "\n".join(WANDB_SUMMARY) + "\n")
+    report = explain_text(tmp_path, name="w.log", text="TrainingArguments(fp16=True)\n" + "\n".join(WANDB_SUMMARY) + "\n")
     assert report.facts["metrics.steps"] == 1 and report.facts["metrics.loss_nan_count"] == 1
     assert report.facts["metrics.summary_only"] is True
 

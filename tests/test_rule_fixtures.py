@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import describe
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import builtin_rules_dir, lint_rules, load_rules
 
@@ -42,23 +43,6 @@ def _explain_fixture(path: Path):
     # A folder fixture (several rank logs) is explained as one input set, as the CLI would.
     return explain([str(path)])
 
-
-def describe(report, n: int = 3) -> str:
-    """The top n findings, readable in a failing assertion."""
-    if not report.findings:
-        tail = "\n".join(f"      {e.where()}: {e.text}" for e in report.unrecognised_tail[-5:])
-        return "  no findings at all; last error-looking lines:\n" + (tail or "      (none)")
-    out = []
-    for f in report.findings[:n]:
-        out.append(f"  {f.rank}. {f.cause} [{f.rule}] {f.severity}, confidence {f.confidence:.2f}: {f.title}")
-        if f.why_rank:
-            out.append(f"       why: {f.why_rank}")
-        for e in f.evidence[:2]:
-            out.append(f"       {e.where()}: {e.text[:160]}")
-    more = len(report.findings) - n
-    if more > 0:
-        out.append(f"  ... and {more} more")
-    return "\n".join(out)
 
 
 def test_the_library_is_not_empty():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loradoctor.logs.engine import explain
+from conftest import explain_text
 from loradoctor.logs.rules import load_rules
 
 RULES = {r.id: r for r in load_rules()}
@@ -74,9 +74,7 @@ def _records(losses, grad_norms=None, lr=2e-4):
 
 
 def _explain(tmp_path: Path, text: str):
-    path = tmp_path / "run.log"
-    path.write_text(text, encoding="utf-8")
-    return explain([str(path)])
+    return explain_text(tmp_path, text)
 
 
 def test_nan_from_the_first_record_in_bf16_is_masking_not_fp16(tmp_path):
