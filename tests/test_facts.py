@@ -426,7 +426,7 @@ def test_vector_batch_equals_record_by_record():
         cut = sorted(rng.sample(range(len(records) + 1), k=min(3, len(records) + 1)))
         for a, b in zip([0] + cut, cut + [len(records)]):
             fast.feed_metric_batch(records[a:b], lambda k: line("x", k + 1))
-            slow._scalar_batch(records[a:b], lambda k: line("x", k + 1))
+            slow.metrics._scalar_batch(records[a:b], lambda k: line("x", k + 1))
         f, s = fast.finish(), slow.finish()
         assert f.flat() == s.flat() or str(f.flat()) == str(s.flat()), trial  # nan-safe comparison
         assert f.series == s.series, trial
@@ -583,7 +583,7 @@ def test_hip_mps_and_fraction_forms():
     c = FactCollector()
     for i, t in enumerate(lines, 1):
         c.feed(line(t, i))
-    assert c._oom_pending is None or c._oom_pending["joins"] >= 4
+    assert c.oom._oom_pending is None or c.oom._oom_pending["joins"] >= 4
     f = c.finish().flat()
     assert f["oom.count"] == 1 and f["oom.era"] == "fraction"
 

@@ -1,4 +1,4 @@
-"""The parsed built-in rule library kept on disk (rules._builtin_rules): reused while the files are
+"""The parsed built-in rule library kept on disk (rules.load._builtin_rules): reused while the files are
 unchanged, rebuilt when one changes, never trusted when damaged, never kept when a rule is broken."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loradoctor.errors import UserError
-from loradoctor.logs import rules as R
+from loradoctor.logs.rules import load as R
 
 
 @pytest.fixture

@@ -546,7 +546,7 @@ def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     assert findings[0].consequence_of is None
     # the same note as an error is a root, and the crash is placed after it
     (folder / "x.yaml").write_text((folder / "x.yaml").read_text().replace("severity: info", "severity: error"))
-    from loradoctor.logs import rules as R
+    from loradoctor.logs.rules import load as R
     R._CACHE.clear()
     rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
     findings = explain([str(log)], rules=rules).findings

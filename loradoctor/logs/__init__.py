@@ -3,9 +3,9 @@
 - `reader`: inputs (files, folders, stdin, .gz/.bz2/.xz by magic bytes, UTF-16), blocks cut at
   newlines, and line normalisation (`Line`: ANSI, `\\r` redraws, rank prefixes, timestamps, rich boxes).
 - `scan`: the block prefilter that finds the few lines any rule or extractor cares about.
-- `facts`: the extractors (`parse_oom_message`, `parse_memory_summary`, `parse_metric_record`,
-  `parse_xid`, `parse_child_failed`, ...) and the streaming `FactCollector`.
-- `rules`: loading, validating (`rules/schema.json`) and compiling rules; the safe `Condition`
-  evaluator and the summary templates.
+- `facts/`: one extractor per family (oom, memsum, metrics, trace, dist, xid, host), each with its
+  trigger literals beside its parser, and the streaming `FactCollector` that composes them.
+- `rules/`: the rule model, the safe condition language, templates, literal derivation, loading
+  (with the cache) and lint, one module each.
 - `engine`: `explain(paths, extra_rule_dirs=(), env=None, progress=None) -> ExplainReport`.
 """

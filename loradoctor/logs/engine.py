@@ -22,8 +22,8 @@ from loradoctor.logs import reader
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, is_errorish, parse_oom_message)
 from loradoctor.logs.factnames import group_of
-from loradoctor.logs import rules as rules_mod
-from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
+from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
+from loradoctor.logs.rules.condition import _dotted
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
@@ -217,7 +217,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 # anchors that are rare in this input, outside the metric dicts (cut out below)
                 sample = PY_METRIC_DICT_RE.sub(b"", block[: 1 << 20])
                 matcher.prefilter.plan(sample)
-            records_before = collector._records
+            records_before = collector.records
             view = block  # what the candidate scan reads: the block, less the metric dicts
             dict_at = block.find(_DICT_START)
             json_records = dict_at < 0 and b'"loss":' in block  # JSON logs carry no Python dicts
@@ -680,7 +680,7 @@ def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
     parts: list[str] = []
     more = False
     for node in _held_comparisons(cond.tree.body):
-        names = [rules_mod._dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+        names = [_dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
         if not any(isinstance(vals.get(n), (int, float)) and not isinstance(vals.get(n), bool) for n in names if n):
             continue
         try:
@@ -690,8 +690,8 @@ def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
         if not held:
             continue
         try:
-            text = rules_mod.Condition(ast.unparse(node)).describe(vals)
-        except rules_mod.ConditionError:
+            text = Condition(ast.unparse(node)).describe(vals)
+        except ConditionError:
             continue
         if text in parts:
             continue

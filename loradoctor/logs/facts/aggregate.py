@@ -1,0 +1,632 @@
+"""metrics, aggregated: the MetricsExtractor feeds metric records (from lines, from the engine's
+batches of `{'loss': ...}` dicts, from notebook tables and wandb summaries) into streaming
+aggregates (docs/facts.md `metrics.*`) and downsampled loss / memory series, in bounded memory
+however long the log."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
+from loradoctor.logs.facts.metrics import (
+    _APEX_OVERFLOW_RE, _DICT_PAIR_RE, _DS_OVERFLOW_RE, _JSON_PAIR_RE, _OLD_OVERFLOW_RE, _PEFT_RE, _TABLE_HEAD_RE,
+    _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
+    parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, table_columns,
+)
+
+@dataclass
+class _Series:
+    """Downsampled (index, value) points: at most `limit`, evenly thinned as the log grows."""
+
+    limit: int = 256
+    stride: int = 1
+    points: list = field(default_factory=list)
+    _n: int = 0
+
+    def add(self, index: int, value: float) -> None:
+        self._n += 1
+        if (self._n - 1) % self.stride:
+            return
+        self.points.append((index, value))
+        if len(self.points) >= self.limit:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def add_many(self, indices: list, values: list) -> None:
+        """The same as calling add for each pair, with list slicing instead of a Python loop."""
+        i, total = 0, len(values)
+        while i < total:
+            first = i + (-self._n) % self.stride  # the next element that add() would keep
+            room = self.limit - len(self.points)
+            kept_idx = indices[first:total:self.stride][:room]
+            kept_val = values[first:total:self.stride][:room]
+            self.points.extend(zip(kept_idx, kept_val))
+            if len(self.points) >= self.limit:
+                upto = first + (len(kept_idx) - 1) * self.stride + 1
+                self._n += upto - i
+                i = upto
+                self.points = self.points[::2]
+                self.stride *= 2
+            else:
+                self._n += total - i
+                i = total
+
+
+def _finite_pieces(values: list, finite: list) -> list:
+    """Split values at non-finite entries: [1, nan, 2, 3] -> [[1], [], [2, 3]] (an empty list
+    marks each non-finite entry, in order)."""
+    pieces: list = []
+    current: list = []
+    for v, ok in zip(values, finite):
+        if ok:
+            current.append(v)
+        else:
+            if current:
+                pieces.append(current)
+            pieces.append([])
+            current = []
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+
+class MetricsExtractor(Extractor):
+    """Metric records and their aggregates, loss-scale overflows, PEFT's parameter count."""
+
+    TRIGGERS = (
+        # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
+        ("loss=", False), ("loss:", False), ("wandb:", False), ("eval_loss", False), ("train_runtime", False),
+        ("trainable params", False), ("mem=", False), ("memory/", False),
+        # torchtune bar: `1|12|Loss: 1.87:`; mlx-lm `Iter 75: Train loss 3.3`; `step 9 | loss 2.3 | lr ...`
+        ("rain loss ", False), ("| loss ", False), ("|Loss: ", False),
+        ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
+    )
+
+    def __init__(self, sink: Sink, block_metrics: bool = False) -> None:
+        super().__init__(sink)
+        # block_metrics: the engine feeds `{'loss': ...}` dicts through feed_dict_record itself
+        self.block_metrics = block_metrics
+        self._records = 0
+        self._loss_first = self._loss_last = self._loss_min = self._loss_max = None
+        self._loss_nan = self._loss_zero = 0
+        self._first_nonfinite: Optional[int] = None
+        self._finite_before_nan = 0
+        self._flat_run = self._flat_best = 0
+        self._prev_loss: Optional[float] = None
+        self._max_after_min: Optional[float] = None
+        self._gn_first = self._gn_max = None
+        self._gn_nan = 0
+        self._lr_max = self._lr_last = None
+        self._eval_last = None
+        self._finished = False
+        self._overflows = 0
+        self._scale_min: Optional[float] = None
+        self._mem_key: Optional[str] = None
+        self._mem_first = self._mem_last = self._mem_max = None
+        self._mem_run = self._mem_best = 0
+        self.loss_series = _Series()
+        self.mem_series = _Series()
+        # records from notebook tables and wandb summaries: replayed by close() only in a log
+        # without metric records of its own (docs/facts.md)
+        self._table_columns: Optional[list[str]] = None  # a table whose rows ran to a block's end
+        self._table_rows: list = []  # (record, raw row, line number in block, make_line)
+        self._wandb: dict[str, float] = {}  # the last `wandb: Run summary:` values
+        self._wandb_line: Any = None
+
+    @property
+    def records(self) -> int:
+        """Metric records aggregated so far."""
+        return self._records
+
+    def feed(self, line: Any) -> bool:
+        text = line.text
+        touched = False
+        if "wandb:" in text:
+            touched |= self._wandb_feed(line)
+        elif "loss" in text or "train_runtime" in text or "mem" in text or "|Loss: " in text:
+            if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
+                    and ("{" in text or "=" in text or ":" in text or "|" in text):
+                touched |= self._metrics(line)
+        if "trainable params" in text:
+            m = _PEFT_RE.search(text)
+            if m:
+                self.sink._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
+                self.sink._evidence("peft", line)
+                touched = True
+        if "verflow" in text or "OVERFLOW" in text:
+            self._overflow(line)
+            touched = True
+        return touched
+
+    @property
+    def table_open(self) -> bool:
+        """True when the last block ended inside a notebook table (its rows go on in the next)."""
+        return self._table_columns is not None
+
+    def feed_table_block(self, block: bytes, make_line: Callable[[bytes, int], Any]) -> None:
+        """Notebook Trainer tables in a raw block (the engine calls this for blocks that hold
+        TABLE_HEAD, or while `table_open`): the rows after each `Step  Training Loss ...` header, up
+        to the first line that is no row. `make_line(raw, n)` builds the Line of the block's n-th
+        line (1-based) when evidence needs it. The rows are kept and replayed by finish()."""
+        starts = []  # (offset of the first row, columns, its line number in the block)
+        if self._table_columns is not None:
+            starts.append((0, self._table_columns, 1))
+            self._table_columns = None
+        if TABLE_HEAD in block:
+            for m in _TABLE_HEAD_RE.finditer(block):
+                columns = table_columns(m.group(0).decode("utf-8", "replace"))
+                if not columns:
+                    continue
+                nl = block.find(b"\n", m.end())
+                if nl < 0:  # the header ends the block: its rows start the next one
+                    self._table_columns = columns
+                    continue
+                starts.append((nl + 1, columns, block.count(b"\n", 0, nl + 1) + 1))
+        for pos, columns, lineno in starts:
+            rows = 0
+            while pos < len(block):
+                end = block.find(b"\n", pos)
+                if end < 0:
+                    end = len(block)
+                raw = block[pos:end]
+                text = raw.decode("utf-8", "replace").strip()
+                record = parse_table_row(text, columns) if text else None
+                if record is None and not rows and _TABLE_RULE_RE.match(text):
+                    pos, lineno = end + 1, lineno + 1  # `|------|:---:|` under a markdown header
+                    continue
+                if record is None:
+                    if text or rows:
+                        break  # the table ends at the first line that is no row
+                else:
+                    rows += 1
+                    if len(self._table_rows) < _TABLE_MAX_ROWS:
+                        self._table_rows.append((record, raw, lineno, make_line))
+                pos, lineno = end + 1, lineno + 1
+            else:
+                self._table_columns = columns  # the rows ran to the block's end: they may go on
+
+    def _wandb_feed(self, line: Any) -> bool:
+        """`wandb: Run summary:` and its `wandb:   train/loss nan` lines (the last run's wins).
+        True when the line was one of those."""
+        if "Run summary" in line.text:
+            self._wandb, self._wandb_line = {}, None
+            return True
+        value = parse_wandb_value(line.text)
+        if value is None:
+            return False
+        self._wandb[value[0]] = value[1]
+        if value[0] == "loss" or self._wandb_line is None:
+            self._wandb_line = line
+        return True
+
+    def close(self) -> None:
+        """Replay table rows, else the wandb summary as one final record, when the log holds no
+        metric record of its own: the dicts of the same run carry the same numbers, step by step,
+        and adding a table or summary to them would count steps twice or append a fake last step."""
+        if self._records == 0:
+            for record, raw, n, make_line in self._table_rows:
+                self._record(record, lambda raw=raw, n=n, make_line=make_line: make_line(raw, n))
+        if self._records == 0 and "loss" in self._wandb:
+            line = self._wandb_line
+            self._record(dict(self._wandb), lambda: line)
+            self.sink.values["metrics.summary_only"] = True
+        self._table_rows = []
+
+    def _metrics(self, line: Any) -> bool:
+        """A metric record in a line (key=value forms, bar postfixes, odd dicts); True when one was found."""
+        text = line.text
+        if "%|" in text and ("it/s" in text or "s/it" in text):
+            record = parse_bar_postfix(text)
+            if record is None:
+                m = _TORCHTUNE_BAR_RE.match(text)
+                if m:  # torchtune puts the loss in the bar's description: `1|12|Loss: 1.87:  3%|...`
+                    try:
+                        record = {"loss": _float(m.group(3)), "step": float(m.group(2))}
+                    except ValueError:
+                        record = None
+        else:
+            record = parse_metric_record(text)
+        if record:
+            self._record(record, lambda: line)
+            return True
+        return False
+
+    def feed_dict_record(self, loss_text: bytes, rest: bytes, line_at: Callable[[], Any]) -> None:
+        """Fast path for the engine: a Trainer dict `{'loss': <loss_text><rest>}` found in a raw
+        block; `line_at()` builds its Line only when evidence needs it."""
+        try:
+            loss = _bfloat(loss_text)
+        except ValueError:
+            return
+        record: dict[str, Any] = {"loss": loss}
+        if rest:
+            for key, value in _DICT_PAIR_RE.findall(rest):
+                try:
+                    parsed = _bfloat(value)
+                except ValueError:
+                    parsed = None
+                if parsed is not None:
+                    record[key.decode("utf-8", "replace")] = parsed
+        self._record(record, line_at)
+
+    def feed_metric_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
+        """Fast path for the engine: the metric records of one block, in order, as the tuples of
+        METRIC_DICT_RE.findall (loss, grad_norm, learning_rate, rest of the dict, JSON body);
+        `line_at(k)` builds the Line of the k-th record only when evidence needs one. A block of
+        plain `{'loss': x, 'grad_norm': y, 'learning_rate': z, ...}` dicts (a long training log
+        has millions) is aggregated with list operations; other shapes one record at a time."""
+        if not items:
+            return
+        loss_t, gn_t, lr_t, rest_t, body_t = zip(*items)
+        if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
+            try:
+                losses = _bfloats(loss_t)
+                # absent optional groups are b"" (findall) or None (match)
+                gns = _bfloats(gn_t) if b"" not in gn_t and None not in gn_t else None
+                lrs = _bfloats(lr_t) if b"" not in lr_t and None not in lr_t else None
+            except ValueError:
+                pass
+            else:
+                if (gns is not None or not any(gn_t)) and (lrs is not None or not any(lr_t)):
+                    self._vector_batch(losses, gns, lrs, line_at)
+                    return
+        self._scalar_batch(items, line_at)
+
+    def _vector_batch(self, losses: list, gns: Optional[list], lrs: Optional[list],
+                      line_at: Callable[[int], Any]) -> None:
+        """Aggregate a run of plain records; the same facts as _record, record by record."""
+        n = len(losses)
+        start = self._records  # records before this batch; record k has index start + k + 1
+        finite = list(map(math.isfinite, losses))
+        all_finite = all(finite)
+        gn_finite = list(map(math.isfinite, gns)) if gns is not None else None
+        if self._records == 0:
+            self.sink._evidence("metrics", line_at(0))
+        if self._first_nonfinite is None:
+            firsts = []
+            if not all_finite:
+                firsts.append(finite.index(False))
+            if gn_finite is not None and not all(gn_finite):
+                firsts.append(gn_finite.index(False))
+            if firsts:
+                k = min(firsts)
+                self._first_nonfinite = start + k + 1
+                self._finite_before_nan = start + k - self._loss_nan
+                self.sink._evidence("metrics", line_at(k))
+        if all_finite:
+            values, where = losses, list(range(start + 1, start + n + 1))
+        else:
+            values = list(itertools.compress(losses, finite))
+            where = list(itertools.compress(range(start + 1, start + n + 1), finite))
+            self._loss_nan += n - len(values)
+        self._records = start + n
+        self._last_metrics_line = lambda k=n - 1: line_at(k)
+        if values:
+            self.loss_series.add_many(where, values)
+            if self._loss_first is None:
+                self._loss_first = values[0]
+            self._loss_last = values[-1]
+            self._loss_zero += values.count(0.0)
+            low, high = min(values), max(values)
+            if self._loss_min is None or low < self._loss_min:
+                at = values.index(low)
+                tail = values[at + 1:]
+                self._max_after_min = max(tail) if tail else None
+                self._loss_min = low
+            else:
+                self._max_after_min = high if self._max_after_min is None else max(self._max_after_min, high)
+            if self._loss_max is None or high > self._loss_max:
+                self._loss_max = high
+        self._flat_runs(losses, finite, all_finite)
+        if gns is not None:
+            good = gns if all(gn_finite) else list(itertools.compress(gns, gn_finite))  # type: ignore[arg-type]
+            self._gn_nan += len(gns) - len(good)
+            if good:
+                if self._gn_first is None:
+                    self._gn_first = good[0]
+                top = max(good)
+                if self._gn_max is None or top > self._gn_max:
+                    self._gn_max = top
+        if lrs is not None:
+            good = [x for x in lrs if x - x == 0] if not all(map(math.isfinite, lrs)) else lrs
+            if good:
+                self._lr_last = good[-1]
+                top = max(good)
+                if self._lr_max is None or top > self._lr_max:
+                    self._lr_max = top
+
+    def _flat_runs(self, losses: list, finite: list, all_finite: bool) -> None:
+        """Longest run of consecutive finite records whose loss changed by < 1e-4."""
+        pieces = [losses] if all_finite else _finite_pieces(losses, finite)
+        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
+        for piece_no, piece in enumerate(pieces):
+            if not piece:  # a non-finite record: the run ends
+                prev, run = None, 0
+                continue
+            steady = bytes(-1e-4 < b - a < 1e-4 for a, b in zip(piece, piece[1:]))
+            streaks = steady.split(b"\0")
+            # the first record continues the previous run if it is close to the previous loss
+            lead = 1 if prev is None or not (-1e-4 < piece[0] - prev < 1e-4) else run + 1
+            if len(streaks) == 1:  # no break inside the piece
+                run = lead + len(streaks[0])
+                best = max(best, run)
+            else:
+                best = max(best, lead + len(streaks[0]), 1 + max(len(x) for x in streaks[1:]))
+                run = 1 + len(streaks[-1])
+            prev = piece[-1]
+        self._prev_loss, self._flat_run, self._flat_best = prev, run, best
+
+    def _scalar_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
+        """Record by record, for blocks with memory keys, JSON bodies or odd values."""
+        loss_min, loss_max = self._loss_min, self._loss_max
+        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
+        max_after = self._max_after_min
+        gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
+        last_loss = self._loss_last
+        add_point = self.loss_series.add
+        index = self._records
+        last_k = None
+        for k, (loss_text, gn_text, lr_text, rest, body) in enumerate(items):
+            if body or (rest and b"mem" in rest) or self._mem_key is not None:
+                # rare shapes: the general path (sync the locals around it)
+                self._records = index
+                self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
+                self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
+                self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
+                self._loss_last = last_loss
+                if body:
+                    self.feed_json_record(body, lambda k=k: line_at(k))
+                else:
+                    extra = b"".join(((b", 'grad_norm': " + gn_text) if gn_text else b"",
+                                      (b", 'learning_rate': " + lr_text) if lr_text else b"", rest))
+                    self.feed_dict_record(loss_text, extra, lambda k=k: line_at(k))
+                index = self._records
+                loss_min, loss_max, prev = self._loss_min, self._loss_max, self._prev_loss
+                run, best, max_after = self._flat_run, self._flat_best, self._max_after_min
+                gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
+                last_loss = self._loss_last
+                continue
+            try:
+                loss = _bfloat(loss_text)
+            except ValueError:
+                continue
+            index += 1
+            last_k = k
+            finite = loss - loss == 0
+            gn = None
+            if gn_text:
+                try:
+                    gn = _bfloat(gn_text)
+                except ValueError:
+                    gn = None
+            if index == 1:
+                self.sink._evidence("metrics", line_at(k))
+            if self._first_nonfinite is None and (not finite or (gn is not None and gn - gn != 0)):
+                self._first_nonfinite = index
+                self._finite_before_nan = index - 1 - self._loss_nan
+                self.sink._evidence("metrics", line_at(k))
+            if finite:
+                add_point(index, loss)
+                last_loss = loss
+                if loss_min is None:
+                    self._loss_first = loss
+                    loss_min = loss_max = loss
+                elif loss < loss_min:
+                    loss_min = loss
+                    max_after = None
+                elif max_after is None or loss > max_after:
+                    max_after = loss
+                if loss > loss_max:
+                    loss_max = loss
+                if loss == 0:
+                    self._loss_zero += 1
+                if prev is not None and -1e-4 < loss - prev < 1e-4:
+                    run += 1
+                else:
+                    run = 1
+                if run > best:
+                    best = run
+                prev = loss
+            else:
+                self._loss_nan += 1
+                run = 0
+                prev = None
+            if gn is not None:
+                if gn - gn == 0:
+                    if gn_first is None:
+                        gn_first = gn_max = gn
+                    elif gn > gn_max:
+                        gn_max = gn
+                else:
+                    self._gn_nan += 1
+            if lr_text:
+                try:
+                    lr = _bfloat(lr_text)
+                except ValueError:
+                    lr = None
+                if lr is not None and lr - lr == 0:
+                    self._lr_last = lr
+                    if lr_max is None or lr > lr_max:
+                        lr_max = lr
+        self._records = index
+        self._loss_last = last_loss
+        if last_k is not None:
+            self._last_metrics_line = lambda k=last_k: line_at(k)
+        self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
+        self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
+        self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
+
+    def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
+        """Fast path for a JSON record with a "loss" key (the text between the braces)."""
+        record: dict[str, Any] = {}
+        for key, value in _JSON_PAIR_RE.findall(body):
+            try:
+                record[key.decode("utf-8", "replace")] = float(value)
+            except ValueError:
+                continue
+        if record:
+            self._record(record, line_at)
+
+    def _record(self, record: dict[str, Any], line_at: Callable[[], Any]) -> None:
+        """Aggregate one metric record (the streaming facts of docs/facts.md `metrics.*`)."""
+        if "train_runtime" in record:
+            self._finished = True
+            self.sink._evidence("metrics", line_at())
+        if "eval_loss" in record and isinstance(record["eval_loss"], float):
+            self._eval_last = record["eval_loss"]
+        if self._mem_key is not None or any("mem" in k for k in record):
+            self._memory_metric(record)
+        loss = record.get("loss")
+        if not isinstance(loss, float):
+            return
+        self._records += 1
+        index = self._records
+        gn = record.get("grad_norm")
+        lr = record.get("learning_rate", record.get("lr"))
+        finite = loss - loss == 0  # false for nan and +-inf
+        gn_finite = not isinstance(gn, float) or gn - gn == 0
+        if index == 1:
+            self.sink._evidence("metrics", line_at())
+        if (not finite or not gn_finite) and self._first_nonfinite is None:
+            self._first_nonfinite = index
+            self._finite_before_nan = self._records - 1 - self._loss_nan
+            self.sink._evidence("metrics", line_at())
+        if finite:
+            self.loss_series.add(index, loss)
+            if self._loss_first is None:
+                self._loss_first = loss
+            self._loss_last = loss
+            if self._loss_min is None or loss < self._loss_min:
+                self._loss_min = loss
+                self._max_after_min = None
+            elif self._max_after_min is None or loss > self._max_after_min:
+                self._max_after_min = loss
+            if self._loss_max is None or loss > self._loss_max:
+                self._loss_max = loss
+            if loss == 0:
+                self._loss_zero += 1
+            if self._prev_loss is not None and abs(loss - self._prev_loss) < 1e-4:
+                self._flat_run += 1
+            else:
+                self._flat_run = 1
+            if self._flat_run > self._flat_best:
+                self._flat_best = self._flat_run
+            self._prev_loss = loss
+        else:
+            self._loss_nan += 1
+            self._flat_run = 0
+            self._prev_loss = None
+        if isinstance(gn, float):
+            if gn - gn == 0:
+                if self._gn_first is None:
+                    self._gn_first = gn
+                if self._gn_max is None or gn > self._gn_max:
+                    self._gn_max = gn
+            else:
+                self._gn_nan += 1
+        if isinstance(lr, float) and lr - lr == 0:
+            self._lr_last = lr
+            if self._lr_max is None or lr > self._lr_max:
+                self._lr_max = lr
+        self._last_metrics_line = line_at
+
+    def _memory_metric(self, record: dict) -> None:
+        if self._mem_key is None:
+            keys = [k for k in record if "mem" in k.lower()]
+            if not keys:
+                return
+            for pref in ("allocated", "active", "reserved", ""):
+                chosen = [k for k in keys if pref in k.lower() and _metric_bytes(k, record[k]) is not None]
+                if chosen:
+                    self._mem_key = chosen[0]
+                    break
+            if self._mem_key is None:
+                return
+        if self._mem_key not in record:
+            return
+        value = _metric_bytes(self._mem_key, record[self._mem_key])
+        if value is None:
+            return
+        if self._mem_first is None:
+            self._mem_first = value
+        if self._mem_last is not None and value > self._mem_last:
+            self._mem_run += 1
+        else:
+            self._mem_run = 0
+        self._mem_best = max(self._mem_best, self._mem_run)
+        self._mem_last = value
+        self._mem_max = value if self._mem_max is None else max(self._mem_max, value)
+        self.mem_series.add(self._records, float(value))
+
+    def _overflow(self, line: Any) -> None:
+        text = line.text
+        m = _APEX_OVERFLOW_RE.search(text) or _DS_OVERFLOW_RE.search(text) or _OLD_OVERFLOW_RE.search(text)
+        if not m:
+            return
+        self._overflows += 1
+        if self._overflows <= 2:
+            self.sink._evidence("metrics", line)
+        if m.group(1):
+            try:
+                scale = float(m.group(1))
+            except ValueError:
+                return
+            self._scale_min = scale if self._scale_min is None else min(self._scale_min, scale)
+
+
+    def publish(self, v: dict[str, Any]) -> None:
+        if self._records:
+            v["metrics.steps"] = self._records
+            v["metrics.loss_nan_count"] = self._loss_nan
+            v["metrics.loss_zero_count"] = self._loss_zero
+            v["metrics.grad_norm_nan_count"] = self._gn_nan
+            if self._first_nonfinite is not None:
+                v["metrics.first_nonfinite_index"] = self._first_nonfinite
+                v["metrics.finite_before_nan"] = self._finite_before_nan
+            if self._loss_first is not None:
+                v["metrics.first_loss"] = self._loss_first
+                v["metrics.last_loss"] = self._loss_last
+                v["metrics.min_loss"] = self._loss_min
+                v["metrics.max_loss"] = self._loss_max
+                v["metrics.loss_range"] = self._loss_max - self._loss_min  # type: ignore[operator]
+                v["metrics.loss_flat_steps"] = self._flat_best
+                if self._max_after_min is not None and self._loss_min and self._loss_min > 0:
+                    v["metrics.loss_rise_ratio"] = self._max_after_min / self._loss_min
+            if self._gn_first is not None:
+                v["metrics.grad_norm_first"] = self._gn_first
+                v["metrics.grad_norm_max"] = self._gn_max
+                if self._gn_first > 0:
+                    v["metrics.grad_norm_growth"] = self._gn_max / self._gn_first  # type: ignore[operator]
+            if self._lr_max is not None:
+                v["metrics.lr_max"] = self._lr_max
+                v["metrics.lr_last"] = self._lr_last
+            last = getattr(self, "_last_metrics_line", None)
+            if last is not None:
+                self.sink._evidence("metrics", last())
+        if self._eval_last is not None:
+            v["metrics.eval_loss_last"] = self._eval_last
+        if self._finished:
+            v["metrics.train_finished"] = True
+        if self._overflows:
+            v["metrics.overflow_skips"] = self._overflows
+            if self._scale_min is not None:
+                v["metrics.loss_scale_min"] = self._scale_min
+        if self._mem_first is not None:
+            v["metrics.mem_first_bytes"] = self._mem_first
+            v["metrics.mem_last_bytes"] = self._mem_last
+            v["metrics.mem_max_bytes"] = self._mem_max
+            if self._mem_first > 0:
+                v["metrics.mem_growth_ratio"] = self._mem_last / self._mem_first  # type: ignore[operator]
+            v["metrics.mem_rising_records"] = self._mem_best
+
+    def series(self) -> dict[str, list]:
+        series = {}
+        if self.loss_series.points:
+            series["loss"] = list(self.loss_series.points)
+        if self.mem_series.points:
+            series["mem_bytes"] = list(self.mem_series.points)
+        return series

@@ -1,0 +1,141 @@
+"""The streaming collector: feeds each normalised line to every extractor, in one fixed order,
+and gathers their facts at the end."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Optional
+
+from loradoctor.findings import Evidence
+from loradoctor.logs.facts.aggregate import MetricsExtractor
+from loradoctor.logs.facts.common import Extractor, Facts, Sink, TriggerLiterals
+from loradoctor.logs.facts.dist import DistExtractor
+from loradoctor.logs.facts.host import HostExtractor
+from loradoctor.logs.facts.memsum import MemsumExtractor
+from loradoctor.logs.facts.oom import OomExtractor
+from loradoctor.logs.facts.tables import ERRORISH_WORDS
+from loradoctor.logs.facts.trace import TraceExtractor
+from loradoctor.logs.facts.xid import XidExtractor
+
+# lines the collector keeps for the "nothing recognised" tail (is_errorish), beyond the extractors' words
+_TAIL_TRIGGERS: TriggerLiterals = (
+    ("ERROR", False), ("FAIL", False), ("Fatal", False), ("FATAL", False), ("Segmentation fault", False),
+    ("Aborted", False), ("core dumped", False),
+)
+
+
+def is_errorish(text: str) -> bool:
+    """Does the line look like an error (for the tail shown when nothing is recognised)?"""
+    low = text.lower()
+    return any(word in low for word in ERRORISH_WORDS)
+
+
+class FactCollector(Sink):
+    """Feed normalised lines (in input order) with `feed`; `finish` returns the Facts."""
+
+    def __init__(self, block_metrics: bool = False) -> None:
+        super().__init__()
+        self.ranks: set[int] = set()
+        self.error_tail: deque = deque(maxlen=10)
+        self.metrics = MetricsExtractor(self, block_metrics)
+        self.trace = TraceExtractor(self)
+        self.oom = OomExtractor(self, self.trace, self.metrics)
+        self.memsum = MemsumExtractor(self)
+        self.xid = XidExtractor(self)
+        self.dist = DistExtractor(self)
+        self.host = HostExtractor(self)
+        # the feeding order: the OOM extractor reads the traceback's frames before the trace
+        # extractor takes the line, and the metric records before it
+        self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
+                                                  self.dist, self.host)
+
+    @property
+    def idle(self) -> bool:
+        """No multi-line record is open (traceback, memory summary, ChildFailedError box, wrapped OOM
+        message): what a line does then depends on its text alone."""
+        return not any(e.open for e in self.extractors)
+
+    def feed(self, line: Any) -> bool:
+        """Take one normalised line (a reader.Line). Returns True when feeding the same text again
+        could change what is collected (beyond `ranks` and `error_tail`): the engine skips later
+        repeats of a line that returned False while `idle` (a warning printed every step)."""
+        text = line.text
+        if not text:
+            return False
+        touched = not self.idle
+        if line.rank is not None:
+            self.ranks.add(line.rank)
+        for extractor in self.extractors:
+            touched |= extractor.feed(line)
+        if is_errorish(text):
+            self.note_errorish(line)
+        return touched
+
+    def note_errorish(self, line: Any) -> None:
+        """Keep an error-looking line for the "nothing recognised" tail."""
+        self.error_tail.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+
+    # the engine's fast paths and context ---------------------------------------------------------
+    @property
+    def records(self) -> int:
+        """Metric records aggregated so far."""
+        return self.metrics.records
+
+    @property
+    def table_open(self) -> bool:
+        return self.metrics.table_open
+
+    def feed_table_block(self, block: bytes, make_line: Callable[[bytes, int], Any]) -> None:
+        self.metrics.feed_table_block(block, make_line)
+
+    def feed_metric_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
+        self.metrics.feed_metric_batch(items, line_at)
+
+    def feed_dict_record(self, loss_text: bytes, rest: bytes, line_at: Callable[[], Any]) -> None:
+        self.metrics.feed_dict_record(loss_text, rest, line_at)
+
+    def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
+        self.metrics.feed_json_record(body, line_at)
+
+    def set_progress(self, n: int, total: int) -> None:
+        """The last training progress bar state seen (the engine finds bars in raw blocks)."""
+        self.oom.progress = (n, total)
+
+    @property
+    def records_before_oom(self) -> Optional[int]:
+        return self.oom.records_before_oom
+
+    @records_before_oom.setter
+    def records_before_oom(self, value: Optional[int]) -> None:
+        self.oom.records_before_oom = value
+
+    def world_size(self) -> Optional[int]:
+        return self.dist.world_size()
+
+    # finishing --------------------------------------------------------------------------------
+    def finish(self) -> Facts:
+        # open records close first (a pending OOM message takes its step from the records fed so
+        # far, before table rows or a wandb summary are replayed as records)
+        for extractor in (self.oom, self.memsum, self.dist, self.metrics):
+            extractor.close()
+        v = self.values
+        for extractor in (self.oom, self.memsum, self.trace, self.metrics, self.xid, self.dist):
+            extractor.publish(v)
+        if self.ranks:
+            v["dist.ranks"] = sorted(self.ranks)
+        return Facts(values={k: val for k, val in v.items() if val is not None}, groups=self.groups,
+                     series=self.metrics.series(), first_seen=self.first_seen)
+
+
+def trigger_literals(extractors: tuple[type[Extractor], ...] = (
+        OomExtractor, MetricsExtractor, MemsumExtractor, TraceExtractor, XidExtractor, DistExtractor,
+        HostExtractor)) -> TriggerLiterals:
+    """Every extractor's trigger literals, and the tail's: the engine's prefilter adds them."""
+    out: list[tuple[str, bool]] = []
+    for extractor in extractors:
+        out.extend(extractor.TRIGGERS)
+    out.extend(_TAIL_TRIGGERS)
+    return tuple(out)
+
+
+TRIGGER_LITERALS: TriggerLiterals = trigger_literals()

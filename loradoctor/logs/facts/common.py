@@ -1,0 +1,115 @@
+"""What every extractor shares: number parsing, the Facts result, and the Extractor base that
+the collector composes (a family's trigger literals, its feed, its close and publish steps)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from loradoctor.findings import Evidence
+from loradoctor.units import MAX_PLAUSIBLE_BYTES, parse_size
+
+TriggerLiterals = tuple[tuple[str, bool], ...]  # (literal, ignore_case) pairs
+
+_SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
+
+
+def _size(text: Optional[str]) -> Optional[int]:
+    """A plausible byte count or None (WDDM prints values like 17179869184.00 GiB)."""
+    if not text:
+        return None
+    try:
+        value = parse_size(text)
+    except ValueError:
+        return None
+    return value if 0 <= value <= MAX_PLAUSIBLE_BYTES else None
+
+
+def _float(text: str) -> float:
+    low = text.lower().lstrip("+")
+    if low in ("nan", "-nan"):
+        return math.nan
+    if low in ("inf", "infinity"):
+        return math.inf
+    if low in ("-inf", "-infinity"):
+        return -math.inf
+    return float(text)
+
+
+def _int(text: str) -> Optional[int]:
+    try:
+        return int(float(text.replace(",", "")))
+    except ValueError:
+        return None
+
+
+MAX_GROUP_EVIDENCE = 6
+
+
+@dataclass
+class Facts:
+    """The extracted facts: flat values, source lines per group, downsampled series."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    groups: dict[str, list[Evidence]] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    first_seen: dict[str, tuple] = field(default_factory=dict)  # group -> (time_s, input, lineno)
+
+    def flat(self) -> dict[str, Any]:
+        """Fact name -> value, with exactly the names of docs/facts.md (absent facts are absent)."""
+        return dict(self.values)
+
+    def evidence(self, group: str) -> list[Evidence]:
+        return list(self.groups.get(group, []))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+
+class Sink:
+    """Where extractors put what they find: fact values, evidence lines per group, and when each
+    group was first seen. The FactCollector is one."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.groups: dict[str, list[Evidence]] = {}
+        self.first_seen: dict[str, tuple] = {}
+
+    def _evidence(self, group: str, line: Any) -> None:
+        items = self.groups.setdefault(group, [])
+        if len(items) < MAX_GROUP_EVIDENCE and not any(e.line == line.lineno and e.file == line.file for e in items):
+            items.append(Evidence(file=line.file, line=line.lineno, text=line.quote()))
+        if group not in self.first_seen:
+            self.first_seen[group] = (line.time_s, line.input_index, line.lineno)
+
+    def _set_first(self, values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            if v is not None and k not in self.values:
+                self.values[k] = v
+
+
+class Extractor:
+    """One family of facts. `TRIGGERS` are the words that make a line interesting to it (the
+    engine's prefilter decodes only lines that hold one of them, or a rule's literal); `feed` takes
+    every decoded line and returns True when feeding the same text again could change what is
+    collected; `open` is True while a multi-line record (a traceback, a table) is unfinished."""
+
+    TRIGGERS: TriggerLiterals = ()
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    @property
+    def open(self) -> bool:
+        return False
+
+    def feed(self, line: Any) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End any open record (the end of the input)."""
+
+    def publish(self, values: dict[str, Any]) -> None:
+        """Add the facts that are only known at the end (counts, aggregates)."""

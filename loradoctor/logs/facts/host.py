@@ -1,0 +1,101 @@
+"""host: the kernel's OOM killer, a bare `Killed`, exit status 137 / -9 (killed.*), and Windows'
+Code 43 for an NVIDIA device (code43.*)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from loradoctor.logs.facts.common import Extractor
+
+@dataclass
+class OomKill:
+    pid: Optional[int]
+    process: Optional[str]
+    anon_rss_bytes: Optional[int]
+
+
+_OOM_KILL_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory|oom-kill)?:?\s*Kill(?:ed)? process (\d+) \(([^)]*)\)"
+                          r"(?:.*?anon-rss:\s*(\d+)\s*kB)?")
+_BARE_KILLED_RE = re.compile(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
+_EXIT_CODE_RE = re.compile(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
+                           r"\s*[:=]?\s*(-?\d+)", re.I)
+
+
+def parse_oom_killer(text: str) -> Optional[OomKill]:
+    """`Out of memory: Killed process 12345 (python) total-vm:..kB, anon-rss:..kB, ...` (and the
+    older `Kill process N (name) score ...`, the cgroup form). None for other text."""
+    if "process" not in text or "ill" not in text:
+        return None
+    m = _OOM_KILL_RE.search(text)
+    if not m:
+        return None
+    rss = int(m.group(3)) * 1024 if m.group(3) else None
+    return OomKill(pid=int(m.group(1)), process=m.group(2), anon_rss_bytes=rss)
+
+
+def is_bare_killed(text: str) -> bool:
+    """`Killed` alone, or the shell's `bash: line 1: 1234 Killed   python train.py`."""
+    return bool(_BARE_KILLED_RE.match(text.strip())) and "process" not in text
+
+
+def parse_exit_code(text: str) -> Optional[int]:
+    m = _EXIT_CODE_RE.search(text)
+    if m:
+        return int(m.group(1))
+    if "Signals.SIGKILL" in text:
+        return -9
+    return None
+
+
+_CODE43_RE = re.compile(r"\(?Code 43\)?|Problem Code:\s*43\b")
+_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]*?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
+
+
+class HostExtractor(Extractor):
+    TRIGGERS = (
+        ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
+        ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
+    )
+
+    def feed(self, line: Any) -> bool:
+        text = line.text
+        touched = False
+        if "ill" in text:
+            touched |= self._killed(line)
+        if "Code 43" in text or "Problem Code" in text:
+            touched |= self._code43(line)
+        code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
+        if code is not None and code in (137, -9):
+            self.sink._set_first({"killed.exit_code": code})
+            self.sink._evidence("killed", line)
+            touched = True
+        return touched
+
+    def _killed(self, line: Any) -> bool:
+        """OOM-killer and bare `Killed` lines; True when the line was one."""
+        text = line.text
+        kill = parse_oom_killer(text)
+        if kill is not None:
+            self.sink.values["killed.oom_killer"] = True
+            self.sink._set_first({"killed.pid": kill.pid, "killed.process": kill.process,
+                             "killed.anon_rss_bytes": kill.anon_rss_bytes})
+            self.sink._evidence("killed", line)
+            return True
+        if "Killed" in text and is_bare_killed(text):
+            self.sink.values["killed.bare"] = True
+            self.sink._evidence("killed", line)
+            return True
+        return False
+
+    def _code43(self, line: Any) -> bool:
+        if not _CODE43_RE.search(line.text):
+            return False
+        self.sink.values["code43.present"] = True
+        self.sink._evidence("code43", line)
+        d = _DEVICE_NAME_RE.search(line.text)
+        if d and "code43.device" not in self.sink.values:
+            self.sink.values["code43.device"] = d.group(1).strip()
+        return True
+

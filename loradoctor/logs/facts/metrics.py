@@ -1,0 +1,204 @@
+"""metrics, line by line: Trainer log records in their many printed shapes (`{'loss': ...}`
+dicts, JSON records, `key=value`, `loss: x`, tqdm bar postfixes, torchtune bars, mlx-lm lines),
+notebook Trainer tables, wandb run summaries, loss-scale overflows and PEFT's parameter count.
+Pure functions of text; the MetricsExtractor (aggregate.py) feeds and aggregates them."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Optional
+
+from loradoctor.logs.facts.common import _NUMBER, _float, _size
+from loradoctor.logs.facts.tables import BAR_LOSS_KEYS as _BAR_LOSS_KEYS
+from loradoctor.logs.facts.tables import SPACED_KEYS as _SPACED_KEYS
+from loradoctor.logs.facts.tables import TABLE_KEYS as _TABLE_KEYS
+from loradoctor.logs.facts.tables import WANDB_KEYS as _WANDB_KEYS
+
+_METRIC_RE = re.compile(
+    r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
+    + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
+# A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
+# or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
+_PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
+                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^}\r\n]{0,4000})\}")
+PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
+METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
+# values bare or quoted (`"loss": "1.85"`); a quoted number must end where its string ends
+_JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*"?(-?[0-9][0-9.eE+-]*|-?Infinity|NaN|nan)(?=[\s,}"\]]|$)')
+_DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
+_UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
+
+
+def _bfloat(text: bytes) -> float:
+    """float() of a metric value as printed, bare or quoted (`1.85`, `'1.85'`, `'nan'`: some
+    trainers log their values as strings); ValueError for anything else."""
+    try:
+        return float(text)
+    except ValueError:
+        return float(text.strip(b"'\" "))
+
+
+def _bfloats(texts: Iterable[bytes]) -> list:
+    """_bfloat over many values: the plain float() map first (C speed), quoted values after."""
+    try:
+        return list(map(float, texts))
+    except ValueError:
+        return list(map(_bfloat, texts))
+
+
+
+_SPACED_MEMORY_KEY_RE = re.compile(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (allocated|reserved|used|active|Allocated|Reserved|Used|Active)\b")
+_ITER_LINE_RE = re.compile(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
+_SPACED_METRIC_RE = re.compile(
+    r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
+    r"\s+(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)
+
+
+def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
+    """`{'loss': 1.23, 'grad_norm': nan, 'learning_rate': 2e-05}` or `loss=1.23 lr=2e-5` or
+    `loss: 1.23` -> {'loss': 1.23, 'grad_norm': nan, ...}. Bare nan/inf are accepted (which
+    `ast.literal_eval` rejects). Values with a unit (`gpu_mem=12.3G`) come back as
+    `(value, unit)`. None when no `key: number` pair is present."""
+    out: dict[str, Any] = {}
+    if "emory " in text:  # `GPU memory allocated: 6.12 GB` -> one key, `memory_allocated`
+        text = _SPACED_MEMORY_KEY_RE.sub(lambda m: "memory_" + m.group(1).lower(), text)
+    for m in _METRIC_RE.finditer(text):
+        key = m.group(1).strip()
+        try:
+            value = _float(m.group(2))
+        except ValueError:
+            continue
+        out[key] = (value, m.group(3)) if m.group(3) else value
+    if not any("loss" in k.lower() for k in out) and _ITER_LINE_RE.match(text):
+        # `Iter 75: Train loss 3.316, Learning Rate 1.000e-04` (mlx-lm), `step 100 | loss 2.31 | lr 2e-4`:
+        # names and numbers separated by a space, on a line that starts with its step
+        spaced: dict[str, Any] = {}
+        for m in _SPACED_METRIC_RE.finditer(text):
+            try:
+                spaced.setdefault(_SPACED_KEYS[m.group(1).lower().replace("_", " ")], _float(m.group(2)))
+            except (ValueError, KeyError):
+                continue
+        if "loss" in spaced:
+            out.update({k: v for k, v in spaced.items() if k not in out})
+    return out or None
+
+
+_TORCHTUNE_BAR_RE = re.compile(r"^(\d+)\|(\d+)\|Loss: (" + _NUMBER + r"):")
+_BAR_POSTFIX_RE = re.compile(r"\[[^\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
+
+
+def parse_bar_postfix(text: str) -> Optional[dict[str, Any]]:
+    """The postfix of a tqdm bar state (`... [01:02<00:37, 4.01it/s, loss=nan, v_num=3]`; Lightning's
+    `train_loss=`, kohya's `avr_loss=`) as a metric record whose `loss` is the first of those keys.
+    None when the bar carries no loss."""
+    m = _BAR_POSTFIX_RE.search(text)
+    if not m:
+        return None
+    record = parse_metric_record(m.group(1))
+    if not record:
+        return None
+    for key in _BAR_LOSS_KEYS:
+        if isinstance(record.get(key), float):
+            record["loss"] = record[key]
+            return record
+    return None
+
+
+def _metric_bytes(key: str, value: Any) -> Optional[int]:
+    """A memory metric in bytes: unit from the value (`12.3G`) or the key (`(gib)`, `_mb`)."""
+    unit = None
+    if isinstance(value, tuple):
+        value, unit = value
+    if unit is None:
+        m = _UNIT_IN_KEY_RE.search(key)
+        if m:
+            unit = m.group(1)
+        elif key == "memory" and isinstance(value, float) and value.is_integer():
+            unit = "mib"  # mmcv/mmengine log `memory: 6814` (torch.cuda.max_memory_allocated() in MiB)
+        elif key.startswith("peak_memory_") and isinstance(value, float):
+            unit = "gib"  # torchtune's log_memory_stats: `peak_memory_alloc:18.02` in GiB
+        else:
+            return None
+    unit = unit.lower()
+    if not unit.endswith("b"):
+        unit += "ib"  # 12.3G in a progress bar means GiB
+    elif unit in ("gb", "mb", "kb", "tb") and "(" in key:
+        unit = unit[0] + "ib"  # axolotl's (gb) keys hold GiB
+    if not isinstance(value, float) or not math.isfinite(value):
+        return None
+    return _size(f"{value}{unit}")
+
+
+_PEFT_RE = re.compile(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
+_FLOAT = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
+_APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
+_DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
+# older DeepSpeed / fused optimizers: "Overflow detected. Skipping step. Attempted loss scale: 1024, reducing to 512"
+_OLD_OVERFLOW_RE = re.compile(r"Overflow detected\.\s+Skipping step\.?(?:.*(?:reducing to|[Aa]ttempted loss scale:)\s*"
+                              + _FLOAT + ")?")
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics without dicts: notebook Trainer tables and wandb run summaries
+
+# Jupyter/Colab/Kaggle (and Unsloth) render the Trainer's log as an HTML table; pasted as text it
+# is a header `Step  Training Loss  Validation Loss` (tabs, spaces or `|`) and one row per logging
+# step (`50  0.693100  0.693147`, `1  No log  0.69`). The rows hold no trigger literal, so the
+# engine hands whole blocks that contain TABLE_HEAD to FactCollector.feed_table_block.
+TABLE_HEAD = b"Training Loss"
+_TABLE_HEAD_RE = re.compile(rb"^[ \t|]*(?:Step|Epoch)[ \t|]+Training Loss(?![\w])[^\r\n]*", re.M)
+_TABLE_CELL = r"(?:No log|None|-|" + _NUMBER + r")"
+_TABLE_ROW_RE = re.compile(r"^[ \t|]*\d+(?:\.\d+)?(?:[ \t|]+" + _TABLE_CELL + r")+[ \t|]*$")
+_TABLE_CELL_RE = re.compile(r"No log|[^\s|]+")
+_TABLE_RULE_RE = re.compile(r"^[ \t|:+=\-]*-{3}[ \t|:+=\-]*$")  # a markdown / ascii separator row
+_TABLE_COLUMN_RE = re.compile(r"Training Loss|Validation Loss|Train Loss|Eval Loss|Grad Norm|Learning Rate|[^\s|]+")
+_TABLE_MAX_ROWS = 100_000  # rows kept for replay (a notebook table has one per logging step)
+
+
+def table_columns(header: str) -> Optional[list[str]]:
+    """The column names of a notebook Trainer table header (`Step\tTraining Loss\tValidation
+    Loss`, space- or `|`-separated too); None when the line is no such header."""
+    if not _TABLE_HEAD_RE.match(header.encode("utf-8", "replace")):
+        return None
+    text = header.strip()
+    if "\t" in text or "|" in text:
+        return [c.strip() for c in re.split(r"[\t|]", text) if c.strip()]
+    if re.search(r"\S\s{2,}\S", text):  # columns padded with runs of spaces
+        return re.split(r"\s{2,}", text)
+    return _TABLE_COLUMN_RE.findall(text)
+
+
+def parse_table_row(text: str, columns: list[str]) -> Optional[dict[str, Any]]:
+    """One row of a notebook Trainer table as a metric record (`Training Loss` -> `loss`,
+    `Validation Loss` -> `eval_loss`, `No log` cells left out); None when the line is no row."""
+    if not _TABLE_ROW_RE.match(text):
+        return None
+    record: dict[str, Any] = {}
+    for name, cell in zip(columns, _TABLE_CELL_RE.findall(text)):
+        key = _TABLE_KEYS.get(name.lower())
+        if key is None or cell in ("No log", "None", "-"):
+            continue
+        try:
+            record[key] = _float(cell)
+        except ValueError:
+            continue
+    return record
+
+
+# `wandb:               train/loss nan` in the `wandb: Run summary:` block printed when a run ends
+# (the `Run history:` lines hold sparklines, not numbers)
+# (after a timestamp or a `[rank0]:`-style prefix too)
+_WANDB_VALUE_RE = re.compile(r"(?:^|[\s\]|:])wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
+
+
+def parse_wandb_value(text: str) -> Optional[tuple[str, float]]:
+    """(record key, value) of a wandb summary line such as `wandb:   train/loss nan`, for the keys
+    that metric records use (`train/loss` -> `loss`, ...); None for other lines."""
+    m = _WANDB_VALUE_RE.search(text.strip())
+    if not m or m.group(1) not in _WANDB_KEYS:
+        return None
+    try:
+        return _WANDB_KEYS[m.group(1)], _float(m.group(2))
+    except ValueError:
+        return None

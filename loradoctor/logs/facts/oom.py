@@ -1,0 +1,378 @@
+"""oom: the CUDA (ROCm, XPU, MPS) out-of-memory message, joined when a terminal or notebook
+wrapped it, with the phase of the traceback it ends and the training step it happened at."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from loradoctor.logs.facts.common import _SIZE, Extractor, Sink, _size
+from loradoctor.logs.facts.tables import OOM_FIGURE_FIELDS as _FIGURE_FIELDS
+from loradoctor.logs.facts.trace import _EXC_RE
+from loradoctor.units import MAX_PLAUSIBLE_BYTES
+
+if TYPE_CHECKING:
+    from loradoctor.logs.facts.metrics import MetricsExtractor
+    from loradoctor.logs.facts.trace import TraceExtractor
+
+
+@dataclass
+class OomMessage:
+    """The numbers of one out-of-memory message (docs/facts.md `oom.*`). Absent numbers are None."""
+
+    era: str
+    requested_bytes: Optional[int] = None
+    device_index: Optional[int] = None
+    total_bytes: Optional[int] = None
+    free_bytes: Optional[int] = None
+    allocated_bytes: Optional[int] = None
+    reserved_bytes: Optional[int] = None
+    reserved_unallocated_bytes: Optional[int] = None
+    private_pool_bytes: Optional[int] = None
+    allowed_bytes: Optional[int] = None
+    this_process_bytes: Optional[int] = None
+    other_process_bytes: Optional[int] = None
+    other_process_count: Optional[int] = None
+    other_unaccounted_bytes: Optional[int] = None
+    non_pytorch_bytes: Optional[int] = None
+    hint: Optional[str] = None
+
+    def facts(self) -> dict[str, Any]:
+        return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
+
+
+_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+# "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
+_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+                        + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
+_OOM_IPEX_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+                          + r" reserved in total by PyTorch\)")
+_OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OOM_PROCESS_RE = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
+_OOM_THIS_RE = re.compile(r"this process has " + _SIZE + r" memory in use")
+_OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
+_OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
+_OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+# Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
+# 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
+_OOM_MPS_RE = re.compile(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
+                         + r", max allowed: " + _SIZE + r"\)\.?(?:\s*Tried to allocate " + _SIZE + r")?")
+# the memory-fraction form: `Allocation on device 0 would exceed allowed memory. (out of memory)`,
+# then one figure a line (`Currently allocated     : 5.17 GiB`, `Requested : 20.00 MiB`, ...)
+_OOM_FRACTION_RE = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+_OOM_FIGURE_RE = re.compile(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
+                            r"(?: \([^)]*\))?)\s*:\s*" + _SIZE)
+
+
+def _mps_size(text: Optional[str]) -> Optional[int]:
+    """MPS messages print GiB/MiB as `GB`/`MB` (PyTorch's 1024-based format_size)."""
+    if text and text.rstrip().endswith(("GB", "MB", "KB")) and "i" not in text:
+        text = text.rstrip()[:-2] + text.rstrip()[-2] + "iB"
+    return _size(text)
+
+
+def parse_oom_message(text: str) -> Optional[OomMessage]:
+    """Parse a PyTorch out-of-memory message of any generation (shared/reference/pytorch.md §1):
+    G1/G2 `(GPU 0; T total capacity; A already allocated; F free; R reserved in total by PyTorch)`,
+    G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, ROCm's
+    `HIP out of memory` (same numbers), the device-generic `Out of memory. Tried to allocate`, Apple's
+    `MPS backend out of memory (...)` (era `mps`), the memory-fraction form `Allocation on device N
+    would exceed allowed memory. (out of memory)` with its figures joined after it (era `fraction`),
+    and a bare `CUDA out of memory.` without numbers (era `bare`). Returns None when the text is no
+    OOM message."""
+    m = _OOM_HEAD_RE.search(text)
+    if not m:
+        mps = _OOM_MPS_RE.search(text)
+        if mps:
+            return _drop_implausible(OomMessage(
+                era="mps", allocated_bytes=_mps_size(mps.group(1)), non_pytorch_bytes=_mps_size(mps.group(2)),
+                allowed_bytes=_mps_size(mps.group(3)), requested_bytes=_mps_size(mps.group(4))))
+        frac = _OOM_FRACTION_RE.search(text)
+        if frac:
+            msg = OomMessage(era="fraction", device_index=int(frac.group(1)))
+            for f in _OOM_FIGURE_RE.finditer(text, frac.end()):
+                label = f.group(1).split(" (")[0] if f.group(1).startswith("PyTorch") else f.group(1)
+                name = _FIGURE_FIELDS[label]
+                if getattr(msg, name) is None:
+                    setattr(msg, name, _size(f.group(2)))
+            msg = _drop_implausible(msg)
+            # the cudaMallocAsync backend keeps no cache of its own (freed blocks go back to the
+            # driver's pool), so what PyTorch holds is what it allocated; total - free - that is
+            # held outside (others + contexts), as in G1/G2. Not when the user's fraction limit
+            # refused the request: then the device's free memory did not matter.
+            msg.reserved_bytes = msg.allocated_bytes
+            limited = (msg.allowed_bytes is not None and msg.allocated_bytes is not None
+                       and msg.requested_bytes is not None
+                       and msg.allocated_bytes + msg.requested_bytes > msg.allowed_bytes)
+            if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) and not limited:
+                msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
+            return msg
+        bare = _OOM_BARE_RE.search(text)
+        return OomMessage(era="bare") if bare else None
+    requested = _size(m.group(3))
+    rest = text[m.end():]
+    hint = None
+    if "expandable_segments" in rest:
+        hint = "expandable_segments"
+    elif "max_split_size_mb" in rest:
+        hint = "max_split_size_mb"
+    g1 = _OOM_G1_RE.search(rest)
+    if g1:
+        msg = OomMessage(era="G2" if "max_split_size_mb" in rest else "G1", requested_bytes=requested,
+                         device_index=int(g1.group(1)), total_bytes=_size(g1.group(2)),
+                         allocated_bytes=_size(g1.group(3)), free_bytes=_size(g1.group(4)),
+                         allowed_bytes=_size(g1.group(5)), reserved_bytes=_size(g1.group(6)), hint=hint)
+        if msg.reserved_bytes is not None and msg.allocated_bytes is not None:
+            msg.reserved_unallocated_bytes = max(0, msg.reserved_bytes - msg.allocated_bytes)
+        if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
+            msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
+        return _drop_implausible(msg)
+    ipex = _OOM_IPEX_RE.search(rest)
+    if ipex:
+        # intel-extension-for-pytorch's XPU message: the G1 layout without the free figure
+        msg = OomMessage(era="ipex", requested_bytes=requested, device_index=int(ipex.group(1)),
+                         total_bytes=_size(ipex.group(2)), allocated_bytes=_size(ipex.group(3)),
+                         reserved_bytes=_size(ipex.group(4)), hint=hint)
+        msg = _drop_implausible(msg)
+        if msg.reserved_bytes is not None and msg.allocated_bytes is not None:
+            msg.reserved_unallocated_bytes = max(0, msg.reserved_bytes - msg.allocated_bytes)
+        return msg
+    if m.group(2):
+        era = "generic"
+    elif "capacty" in rest:
+        era = "G3"
+    elif "docs.pytorch.org" in rest:
+        era = "G5"
+    else:
+        era = "G4"
+    msg = OomMessage(era=era, requested_bytes=requested, hint=hint)
+    t = _OOM_TOTAL_RE.search(rest)
+    if t:
+        msg.device_index = int(t.group(1))
+        msg.total_bytes = _size(t.group(3))
+        msg.free_bytes = _size(t.group(4))
+    others = [_size(p.group(2)) for p in _OOM_PROCESS_RE.finditer(rest)]
+    others = [o for o in others if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
+    if others:
+        msg.other_process_bytes = sum(others)
+        msg.other_process_count = len(others)
+    this = _OOM_THIS_RE.search(rest)
+    if this:
+        msg.this_process_bytes = _size(this.group(1))
+    allowed = _OOM_ALLOWED_RE.search(rest)
+    if allowed:
+        msg.allowed_bytes = _size(allowed.group(1))
+    a = _OOM_ALLOCATED_RE.search(rest)
+    if a:
+        msg.allocated_bytes = _size(a.group(1))
+    p = _OOM_PRIVATE_RE.search(rest)
+    if p:
+        msg.private_pool_bytes = _size(p.group(1))
+    u = _OOM_UNALLOCATED_RE.search(rest)
+    if u:
+        msg.reserved_unallocated_bytes = _size(u.group(1))
+    msg = _drop_implausible(msg)
+    if msg.allocated_bytes is not None and msg.reserved_unallocated_bytes is not None:
+        msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes + (msg.private_pool_bytes or 0)
+    if msg.this_process_bytes is not None and msg.reserved_bytes is not None and msg.this_process_bytes < msg.reserved_bytes:
+        # vLLM workers and containers print `this process has 0 bytes memory in use`: the process
+        # holds at least what PyTorch reserved, so the figure is not usable
+        msg.this_process_bytes = None
+    if msg.this_process_bytes is not None:
+        if None not in (msg.total_bytes, msg.free_bytes):
+            msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
+        if msg.reserved_bytes is not None:
+            msg.non_pytorch_bytes = max(0, msg.this_process_bytes - msg.reserved_bytes)
+    elif m.group(1) in ("HIP", "XPU") and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) \
+            and msg.other_process_bytes is None:
+        # ROCm and XPU builds print no NVML process clauses at all: as in G1/G2, total - free -
+        # reserved is what other processes (plus this process's context) hold
+        msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
+    return msg
+
+
+def _drop_implausible(msg: OomMessage) -> OomMessage:
+    """No single number can exceed the card (nor 1 PiB); WDDM's garbage NVML values go."""
+    limit = msg.total_bytes if msg.total_bytes else MAX_PLAUSIBLE_BYTES
+    for name in ("free_bytes", "allocated_bytes", "reserved_bytes", "reserved_unallocated_bytes",
+                 "private_pool_bytes", "allowed_bytes", "this_process_bytes"):
+        value = getattr(msg, name)
+        if value is not None and value > limit * 1.05:
+            setattr(msg, name, None)
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# wrapped OOM messages
+
+_SENTENCE_END = (".", ")", "!", "PYTORCH_CUDA_ALLOC_CONF")
+_FRACTION_LABEL_END = "(set by user-supplied memory fraction)"  # cudaMallocAsync prints the figure on the next line
+_OOM_PIECES = ("Tried to allocate", "GPU ", "Of the allocated", "Including non-PyTorch", "Process ", "If reserved",
+               "See documentation", "this process", "Currently allocated", "Requested", "Device limit",
+               "Free (according", "PyTorch limit")
+_OOM_WORDS = ("PyTorch", "GiB", "MiB", "allocat", "reserved", "capacity", "memory", "free")
+
+
+# Message forms whose numbers parse_oom_message reads but the collector does not publish (a form
+# goes here while rules/oom.yaml cannot read it yet). Empty: the numbered rules read ROCm's `HIP out
+# of memory`, Apple's `MPS backend out of memory` and the cudaMallocAsync / memory-fraction form.
+HELD_BACK_OOM_FORMS: frozenset[str] = frozenset()
+
+
+def _held_back(msg: OomMessage, text: str) -> bool:
+    form = "HIP" if "HIP out of memory" in text else msg.era
+    return form in HELD_BACK_OOM_FORMS
+
+
+def _oom_finished(text: str) -> bool:
+    """True when an OOM message ends its sentence; the fraction form always takes figure lines."""
+    if _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
+        return False
+    if text.rstrip().endswith(_FRACTION_LABEL_END):
+        return False  # the limit's figure is on the next line
+    return text.rstrip().endswith(_SENTENCE_END) and not text.rstrip().endswith("out of memory.")
+
+
+def _continues_oom(pending: dict, line: Any) -> bool:
+    """The line right after a pending OOM line that starts mid-sentence (terminal or notebook wrap)."""
+    if line.file != pending["file"] or line.lineno != pending["lineno"] + 1 or line.timestamp is not None:
+        return False
+    if line.rank is not None and line.rank != pending["line"].rank:
+        return False  # another rank's line interleaved
+    text = line.text
+    if not text or text.startswith(("Traceback", "File ", "[", "{", "During handling", "The above")):
+        return False
+    if text.startswith(_OOM_PIECES):
+        return True
+    if pending["text"].rstrip().endswith(_FRACTION_LABEL_END):
+        return text.startswith(":")  # `                        : 39.62 GiB`
+    if pending["text"].rstrip().endswith(_SENTENCE_END) or _EXC_RE.match(text):
+        return False  # a finished message: only its known next sentences follow
+    return text[:1].islower() or any(w in text for w in _OOM_WORDS)
+
+
+def _join_wrapped(first: str, second: str) -> str:
+    """Join a wrapped message: with or without a space, whichever reads more OOM numbers
+    (`allocated by P` + `yTorch` joins tight; `allocated by` + `PyTorch` needs the space)."""
+    tight, spaced = first + second, first.rstrip() + " " + second
+    if first.rstrip().endswith((".", ",", ";", ":", ")")):
+        return spaced
+
+    def numbers(text: str) -> int:
+        msg = parse_oom_message(text)
+        return 0 if msg is None else sum(v is not None for v in asdict(msg).values())
+
+    return tight if numbers(tight) > numbers(spaced) else spaced
+
+
+
+
+class OomExtractor(Extractor):
+    """OOM lines, and the lines that continue a wrapped one (joined before parsing). The phase
+    comes from the traceback the message ends (the trace extractor's frames so far), the step from
+    the last progress bar or the metric records before it."""
+
+    TRIGGERS = (
+        ("out of memory", True), ("Tried to allocate", False),
+        # the second half of an OOM message wrapped by a terminal or notebook, and the figure lines of
+        # `Allocation on device 0 would exceed allowed memory`
+        ("PyTorch", False), ("GiB", False), ("MiB", False), ("ALLOC_CONF", False), ("Currently allocated", False),
+        ("Requested", False), ("Device limit", False), ("Free (according", False),
+    )
+
+    def __init__(self, sink: Sink, trace: "TraceExtractor", metrics: "MetricsExtractor") -> None:
+        super().__init__(sink)
+        self.trace = trace
+        self.metrics = metrics
+        self.progress: Optional[tuple[int, int]] = None  # last training progress bar (n, total)
+        self.records_before_oom: Optional[int] = None  # metric records before the first OOM (engine)
+        self._oom_count = 0
+        self._oom_numbered = False  # the numbers of a numbered message are in
+        self._oom_pending: Optional[dict] = None  # an OOM line whose sentence may go on next line
+
+    @property
+    def open(self) -> bool:
+        return self._oom_pending is not None
+
+    def feed(self, line: Any) -> bool:
+        text = line.text
+        if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
+            self._oom_feed(line)
+            return True
+        return False
+
+    def _oom_feed(self, line: Any) -> None:
+        pending = self._oom_pending
+        if pending is not None:
+            if _continues_oom(pending, line):
+                pending["text"] = _join_wrapped(pending["text"], line.text)
+                pending["joins"] += 1
+                if pending["joins"] < 8 and not _oom_finished(pending["text"]):
+                    pending["lineno"] = line.lineno
+                    return
+                self._oom_pending = None
+                self._oom_parse(pending)
+                return
+            self._oom_pending = None
+            self._oom_parse(pending)
+        if "ut of memory" not in line.text and "UT OF MEMORY" not in line.text:
+            return
+        if parse_oom_message(line.text) is None:
+            return
+        phase = self.trace.current_phase(line)
+        item = {"line": line, "text": line.text, "lineno": line.lineno, "file": line.file, "joins": 0,
+                "phase": phase}
+        if _oom_finished(line.text):
+            self._oom_parse(item)
+        else:
+            self._oom_pending = item  # the next line may carry the rest of the message
+
+    def _oom_parse(self, item: dict) -> None:
+        msg = parse_oom_message(item["text"])
+        if msg is None:
+            return
+        line = item["line"]
+        values = self.sink.values
+        self._oom_count += 1
+        self.sink._evidence("oom", line)
+        first = self._oom_count == 1
+        if first:
+            if item["phase"]:
+                values["oom.phase"] = item["phase"]
+            self._oom_step()
+        # the numbers describe the first message that has numbers: a bare warning (`CUDA out of
+        # memory on batch 311, skipping batch`) does not hide the full message after it
+        if self._oom_numbered:
+            return
+        if msg.era == "bare" or _held_back(msg, item["text"]):
+            if first:
+                values["oom.era"] = msg.era
+            return
+        self._oom_numbered = True
+        values.update(msg.facts())
+        if "oom.phase" not in values and item["phase"]:
+            values["oom.phase"] = item["phase"]
+
+    def _oom_step(self) -> None:
+        values = self.sink.values
+        if self.progress is not None:
+            n, total = self.progress
+            values["oom.step"] = n
+            if total:
+                values["oom.step_fraction"] = n / total
+        else:
+            records = self.records_before_oom if self.records_before_oom is not None else self.metrics.records
+            if records:
+                values["oom.step"] = records
+
+    def close(self) -> None:
+        if self._oom_pending is not None:
+            pending, self._oom_pending = self._oom_pending, None
+            self._oom_parse(pending)
+
+    def publish(self, values: dict[str, Any]) -> None:
+        if self._oom_count:
+            values["oom.count"] = self._oom_count

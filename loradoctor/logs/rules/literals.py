@@ -1,0 +1,114 @@
+"""Prefilter literals: the words of which at least one occurs in every match of a rule's regex,
+derived from the parsed pattern (or written by the author as `prefilter:`), so the engine decodes
+only lines that could match."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+MIN_DERIVED_LITERAL = 3  # a derived prefilter literal shorter than this would match everywhere
+
+
+def _parser():
+    try:
+        import re._parser as parser  # type: ignore[import-not-found]  # Python 3.11+
+    except ImportError:  # pragma: no cover
+        import sre_parse as parser  # type: ignore[no-redef]
+    return parser
+
+
+def _constants():
+    try:
+        import re._constants as c  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover
+        import sre_constants as c  # type: ignore[no-redef]
+    return c
+
+
+# bytes that fill progress bars, metric dicts and timestamps: a literal made of them (and digits)
+# would send most of a training log through the rule matcher
+_COMMON_LOG_CHARS = frozenset("0123456789 %|/.:,[]<>_'\t")
+
+
+def _informative_literal(text: str) -> bool:
+    """A prefilter literal worth its cost: long enough, and with two characters beyond the digits and
+    punctuation of progress bars, metric dicts and timestamps (' 43', '137' or '0000:' would send most
+    of a training log through the matcher). One test for derived and explicit literals."""
+    return len(text) >= MIN_DERIVED_LITERAL and sum(ch not in _COMMON_LOG_CHARS for ch in text) >= 2
+
+
+def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
+    """Literals of which at least one occurs in every match of `pattern`, as (text, ignore_case);
+    None when the pattern has no literal part long enough to look for."""
+    parser, c = _parser(), _constants()
+    try:
+        parsed = parser.parse(pattern)
+    except Exception:
+        return None
+    global_ci = bool(parsed.state.flags & c.SRE_FLAG_IGNORECASE)
+
+    def required(items, ci: bool) -> Optional[list[tuple[str, bool]]]:
+        candidates: list[list[tuple[str, bool]]] = []
+        run: list[str] = []
+
+        def flush() -> None:
+            if run:
+                candidates.append([("".join(run), ci)])
+                run.clear()
+
+        for op, av in items:
+            if op is c.LITERAL:
+                run.append(chr(av))
+                continue
+            if op is c.AT:
+                continue  # zero-width: ^ $ \b keep adjacent literals adjacent
+            flush()
+            if op is c.SUBPATTERN:
+                add = av[1] if len(av) > 1 else 0
+                sub = required(av[-1], ci or bool(add & c.SRE_FLAG_IGNORECASE))
+                if sub:
+                    candidates.append(sub)
+            elif op is c.BRANCH:
+                alts: list[tuple[str, bool]] = []
+                for branch in av[1]:
+                    sub = required(branch, ci)
+                    if not sub:
+                        alts = []
+                        break
+                    alts.extend(sub)
+                if alts:
+                    candidates.append(alts)
+            elif op in (c.MAX_REPEAT, c.MIN_REPEAT) or op is getattr(c, "POSSESSIVE_REPEAT", None):
+                if av[0] >= 1:
+                    sub = required(av[2], ci)
+                    if sub:
+                        candidates.append(sub)
+        flush()
+        good = [cand for cand in candidates if all(_informative_literal(t) for t, _ in cand)]
+        if not good:
+            return None
+        # the best: its shortest alternative is longest (rarest), then fewest alternatives
+        return max(good, key=lambda cand: (min(len(t) for t, _ in cand), -len(cand)))
+
+    return required(list(parsed), global_ci)
+
+
+def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> tuple[list, list[str]]:
+    """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
+    matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
+    if explicit:
+        weak = [lit for lit in explicit if not _informative_literal(lit)]
+        problems = [f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric "
+                    f"line holds; give words every match contains" for lit in weak]
+        return [(lit, True) for lit in explicit], problems
+    literals: list[tuple[str, bool]] = []
+    problems = []
+    for p in patterns:
+        derived = derive_literals(p)
+        if not derived:
+            problems.append(f"{field_name}: cannot derive a literal of {MIN_DERIVED_LITERAL}+ characters from "
+                            f"{p!r}; add `prefilter:` with words every match contains")
+        else:
+            literals.extend(derived)
+    return literals, problems
+

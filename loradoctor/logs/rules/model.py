@@ -1,0 +1,147 @@
+"""A rule as the engine uses it: the Rule dataclass, its lazily compiled regexes, and build_rule,
+which turns one validated YAML mapping into a compiled Rule and lists its problems."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Optional
+
+from loradoctor.findings import Fix, confidence_value
+from loradoctor.logs.factnames import KNOWN_FACT_SET
+from loradoctor.logs.rules.condition import Condition, ConditionError
+from loradoctor.logs.rules.literals import _literals_for
+from loradoctor.logs.rules.templates import check_template
+
+@dataclass
+class Rule:
+    id: str
+    cause: str
+    title: str
+    severity: str
+    confidence: float
+    summary: str
+    patterns: list[str] = field(default_factory=list)
+    prefilter: list[str] = field(default_factory=list)
+    require_all: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    when: Optional[str] = None
+    facts: list[str] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    repro: Optional[str] = None
+    consequence_of: list[str] = field(default_factory=list)
+    generic: bool = False
+    references: list[str] = field(default_factory=list)
+    falsepositives: str = ""
+    docs: str = ""
+    source: str = ""  # the file it came from
+    # compiled forms (filled by compile_rule)
+    compiled_patterns: list = field(default_factory=list, repr=False)
+    compiled_require: list = field(default_factory=list, repr=False)
+    compiled_exclude: list = field(default_factory=list, repr=False)
+    condition: Optional[Condition] = field(default=None, repr=False)
+    literals: list = field(default_factory=list, repr=False)  # (text, ignore_case) for patterns
+    require_literals: list = field(default_factory=list, repr=False)  # per require_all regex
+    exclude_literals: list = field(default_factory=list, repr=False)  # per exclude regex
+
+    def is_consequence_of(self, cause: str) -> bool:
+        return any(fnmatch.fnmatchcase(cause, glob) for glob in self.consequence_of)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "cause": self.cause, "title": self.title, "severity": self.severity,
+            "confidence": self.confidence, "patterns": self.patterns, "prefilter": self.prefilter,
+            "require_all": self.require_all, "exclude": self.exclude, "when": self.when, "facts": self.facts,
+            "summary": self.summary, "fixes": [{"text": f.text, "command": f.command} for f in self.fixes],
+            "repro": self.repro, "consequence_of": self.consequence_of, "generic": self.generic,
+            "references": self.references, "falsepositives": self.falsepositives, "docs": self.docs,
+            "source": self.source,
+        }
+
+
+def _compile_regex(pattern: str):
+    import regex
+
+    return regex.compile(pattern, regex.V0)
+
+
+class LazyRegexes:
+    """A rule's compiled regexes, compiled on first use. The built-in rules (linted in CI) load this
+    way, so `explain` on a short log does not pay for ~360 compilations it never needs; user rule
+    folders and `rules lint` compile eagerly, so a bad regex is reported at load time."""
+
+    __slots__ = ("sources", "_compiled")
+
+    def __init__(self, sources: list[str]) -> None:
+        self.sources = list(sources)
+        self._compiled: list = [None] * len(self.sources)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i: int):
+        compiled = self._compiled[i]
+        if compiled is None:
+            compiled = self._compiled[i] = _compile_regex(self.sources[i])
+        return compiled
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self.sources)))
+
+
+def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Rule], list[str]]:
+    """A compiled Rule from one validated YAML mapping, and the problems (field: message).
+    eager=False defers regex compilation to first use (LazyRegexes)."""
+    problems: list[str] = []
+    try:
+        confidence = confidence_value(data.get("confidence", "medium"))
+    except (ValueError, TypeError) as exc:
+        problems.append(f"confidence: {exc}")
+        confidence = 0.5
+    rule = Rule(
+        id=data["id"], cause=data["cause"], title=data["title"], severity=data["severity"],
+        confidence=confidence, summary=data["summary"], patterns=list(data.get("patterns", [])),
+        prefilter=list(data.get("prefilter", [])), require_all=list(data.get("require_all", [])),
+        exclude=list(data.get("exclude", [])), when=data.get("when"), facts=list(data.get("facts", [])),
+        fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])],
+        repro=data.get("repro"), consequence_of=list(data.get("consequence_of", [])),
+        generic=bool(data.get("generic", False)), references=list(data.get("references", [])),
+        falsepositives=data.get("falsepositives", "") or "", docs=data.get("docs", "") or "", source=source,
+    )
+    for fname in ("patterns", "require_all", "exclude"):
+        if not eager:
+            setattr(rule, {"patterns": "compiled_patterns", "require_all": "compiled_require",
+                           "exclude": "compiled_exclude"}[fname], LazyRegexes(getattr(rule, fname)))
+            continue
+        compiled = []
+        for i, p in enumerate(getattr(rule, fname)):
+            try:
+                compiled.append(_compile_regex(p))
+            except Exception as exc:
+                problems.append(f"{fname}[{i}]: regex {p!r} does not compile: {exc}")
+        setattr(rule, {"patterns": "compiled_patterns", "require_all": "compiled_require",
+                       "exclude": "compiled_exclude"}[fname], compiled)
+    if not rule.patterns and not rule.when:
+        problems.append("patterns: a rule needs patterns, a when condition, or both")
+    if rule.patterns:
+        rule.literals, found = _literals_for(rule.patterns, rule.prefilter, "patterns")
+        problems.extend(found)
+    for fname, target in (("require_all", "require_literals"), ("exclude", "exclude_literals")):
+        per = []
+        for i, p in enumerate(getattr(rule, fname)):
+            lits, found = _literals_for([p], [], f"{fname}[{i}]")
+            problems.extend(found)
+            per.append(lits)
+        setattr(rule, target, per)
+    if rule.when:
+        try:
+            rule.condition = Condition(rule.when)
+        except ConditionError as exc:
+            problems.append(f"when: {exc}")
+    for name in rule.facts:
+        if name not in KNOWN_FACT_SET:
+            problems.append(f"facts: unknown fact {name!r} (see docs/facts.md)")
+    problems.extend(f"summary: {p}" for p in check_template(rule.summary))
+    problems.extend(f"title: {p}" for p in check_template(rule.title))
+    return rule, problems
+

@@ -1,0 +1,128 @@
+"""Where the rules live and what shape they have: the built-in folder, rules/schema.json (its
+cause and repro enums), a small JSON Schema validator for the subset the schema uses (jsonschema
+is not a runtime dependency), and the developer tool that keeps the enums in step with the docs."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+def builtin_rules_dir() -> Path:
+    """The shipped rules: the installed `loradoctor.rules` package, or `rules/` in a checkout."""
+    try:
+        from importlib.resources import files
+
+        path = Path(str(files("loradoctor.rules")))
+        if path.is_dir():
+            return path
+    except (ModuleNotFoundError, TypeError):
+        pass
+    import loradoctor
+
+    return Path(loradoctor.__file__).resolve().parent.parent / "rules"
+
+
+@lru_cache(maxsize=1)
+def load_schema() -> dict:
+    path = builtin_rules_dir() / "schema.json"
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def cause_ids() -> list[str]:
+    """The root-cause ids (docs/causes.md), as shipped in the schema's enum."""
+    return list(load_schema()["$defs"]["rule"]["properties"]["cause"]["enum"])
+
+
+def repro_ids() -> list[str]:
+    return list(load_schema()["$defs"]["rule"]["properties"]["repro"]["enum"])
+
+# ---------------------------------------------------------------------------------------------
+# a small JSON Schema validator (the subset rules/schema.json uses)
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+
+
+def validate_schema(value: Any, schema: dict, root: Optional[dict] = None, path: str = "") -> list[tuple[str, str]]:
+    """Return (path, message) pairs for every violation; [] when valid."""
+    root = root or schema
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        target: Any = root
+        for part in ref.lstrip("#/").split("/"):
+            target = target[part]
+        return validate_schema(value, target, root, path)
+    errors: list[tuple[str, str]] = []
+    if "anyOf" in schema:
+        options = [validate_schema(value, s, root, path) for s in schema["anyOf"]]
+        if all(options):
+            errors.append((path, f"{value!r} is not valid here ({schema.get('description', 'see the schema')})"))
+        return errors
+    typ = schema.get("type")
+    if typ and not _TYPES[typ](value):
+        return [(path, f"must be {'an' if typ[0] in 'aeiou' else 'a'} {typ}, not {type(value).__name__} {value!r}")]
+    if "enum" in schema and value not in schema["enum"]:
+        shown = ", ".join(map(str, schema["enum"]))
+        if len(shown) > 200:
+            shown = shown[:200] + "..."
+        errors.append((path, f"{value!r} is not one of: {shown}"))
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            errors.append((path, "must not be empty" if schema["minLength"] == 1 else f"must be at least {schema['minLength']} characters"))
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append((path, f"{value!r} does not match {schema['pattern']}"))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append((path, f"{value} is below {schema['minimum']}"))
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append((path, f"{value} is above {schema['maximum']}"))
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                errors.append((f"{path}.{key}" if path else key, "is required"))
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if key in props:
+                errors.extend(validate_schema(item, props[key], root, sub))
+            elif schema.get("additionalProperties") is False:
+                close = difflib.get_close_matches(str(key).lower(), list(props), n=1, cutoff=0.75)
+                hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(props)})"
+                errors.append((sub, f"unknown field{hint}"))
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors.extend(validate_schema(item, schema["items"], root, f"{path}[{i}]"))
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# keeping the schema's enums in step with the docs (a developer tool; docs/ is not installed)
+
+def sync_schema_enums(repo_root: "str | Path") -> list[str]:
+    """Rewrite rules/schema.json's cause and repro enums from docs/causes.md and docs/rules.md.
+    Returns the ids added. Run `python -m loradoctor.logs.rules sync-schema` after adding a cause."""
+    root = Path(repo_root)
+    causes = re.findall(r"^\| ([a-z0-9_]+\.[a-z0-9_]+) \|", (root / "docs" / "causes.md").read_text(encoding="utf-8"), re.M)
+    section = re.search(r"## Repro ids\n(.*?)\n\n", (root / "docs" / "rules.md").read_text(encoding="utf-8"), re.S)
+    repros = [r for r in re.findall(r"`([a-z0-9-]+)`", section.group(1) if section else "") if r != "repro"]
+    path = root / "rules" / "schema.json"
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    props = schema["$defs"]["rule"]["properties"]
+    added = [c for c in causes if c not in props["cause"]["enum"]] + [r for r in repros if r not in props["repro"]["enum"]]
+    props["cause"]["enum"] = causes
+    props["repro"]["enum"] = repros
+    path.write_text(json.dumps(schema, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    load_schema.cache_clear()
+    return added
+
