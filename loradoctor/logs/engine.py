@@ -8,7 +8,6 @@ what makes a gigabyte of progress bars cheap.
 
 from __future__ import annotations
 
-import ast
 import itertools
 import math
 import re
@@ -19,11 +18,11 @@ from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
+from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
-                                   Facts, is_errorish, parse_oom_message)
+                                   Facts, RawPosition, is_errorish)
 from loradoctor.logs.factnames import group_of
-from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
-from loradoctor.logs.rules.condition import _dotted
+from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
@@ -52,7 +51,6 @@ class ExplainReport:
     findings: list[Finding]
     unrecognised_tail: list[Evidence] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
-    series: dict[str, list] = field(default_factory=dict)
     rules_checked: int = 0
     elapsed_s: float = 0.0
 
@@ -62,7 +60,6 @@ class ExplainReport:
             "findings": [f.to_dict() for f in self.findings],
             "unrecognised_tail": [{"file": e.file, "line": e.line, "text": e.text} for e in self.unrecognised_tail],
             "facts": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in self.facts.items()},
-            "series": self.series,
             "rules_checked": self.rules_checked,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -172,22 +169,6 @@ class Matcher:
         return cached | _scan_literals(text, self._case_digits, self._nocase_digits)
 
 
-_BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
-
-
-def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:
-    """The last tqdm bar without a description before `end` in the block: (n, total)."""
-    start = max(0, end - window)
-    chunk = block[start:end]
-    best = None
-    for m in _BAR_TAIL_RE.finditer(chunk):
-        desc = m.group(1).strip()
-        if desc and re.search(rb"[A-Za-z]", desc) and not desc.lower().startswith((b"[rank", b"train", b"epoch")):
-            continue  # "Loading checkpoint shards", "Map", eval bars with names
-        best = (int(m.group(3)), int(m.group(4)))
-    return best
-
-
 def _is_bar_bytes(raw: bytes) -> bool:
     return b"%|" in raw and reader.is_progress_bar(raw.decode("utf-8", "replace").strip())
 
@@ -202,7 +183,6 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
     inert: dict[bytes, str] = {}
     changed = True  # some rule state changed since the last refresh of the literals
-    oom_bar_done = False
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
         base = 0
@@ -266,20 +246,11 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 line = reader.make_line(raw, item.path, lineno, item.rank, focus=focus, input_index=item.index)
                 if line.rank is not None:
                     item.ranks.add(line.rank)
-                if not oom_bar_done and (b"ut of memory" in raw or b"UT OF MEMORY" in raw) \
-                        and parse_oom_message(line.text) is not None:
-                    # every OOM form (bare lines too) takes the bar and the records before it;
-                    # records after the OOM line (a rerun) never count
-                    oom_bar_done = True
-                    bar = _last_training_bar(view, seg.start)
-                    if bar is not None:
-                        collector.set_progress(*bar)
-                    collector.records_before_oom = records_before + (
-                        _records_before_line(block, count + 1) if has_records else 0)
+                position = RawPosition(view, seg.start, block, count + 1, records_before, has_records)
                 touched = False
                 matched = False
                 for part in _lines_within(line, raw):
-                    touched |= collector.feed(part)
+                    touched |= collector.feed(part, position if part is line else None)
                     matched |= _match_line(part, matcher, rules, states)
                 changed |= matched
                 if was_idle and not touched and not matched and len(raw) <= INERT_MAX_BYTES:
@@ -312,10 +283,24 @@ def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]
     parts = _SPLIT_RE.split(block)  # no dict starts before pos
     n = (len(parts) - 1) // 6
     # split yields [text, g1, g2, g3, g4, odd, text, ...]; `odd` is a start that is no plain dict
-    if n and parts[5::6].count(None) == n:
+    odd = parts[5::6]
+    if n and odd.count(None) == n:
         # the JSON body group is absent (None), as in METRIC_DICT_RE.match(...).groups()
         records = list(zip(parts[1::6], parts[2::6], parts[3::6], parts[4::6], itertools.repeat(None, n)))
         return records, (b"".join(parts[::6]) if cut else block)
+    if n and b'"loss":' not in block:
+        # the odd starts cannot be JSON records either (METRIC_DICT_RE's other form): they are
+        # text, put back into the view (split consumed their `{'loss': `)
+        records = [(parts[6 * i + 1], parts[6 * i + 2], parts[6 * i + 3], parts[6 * i + 4], None)
+                   for i in range(n) if odd[i] is None]
+        if not cut:
+            return records, block
+        pieces = [parts[0]]
+        for i in range(n):
+            if odd[i] is not None:
+                pieces.append(_DICT_START)
+            pieces.append(parts[6 * i + 6])
+        return records, b"".join(pieces)
     return _split_metric_dicts_slow(block, pos, cut)
 
 
@@ -342,16 +327,6 @@ def _split_metric_dicts_slow(block: bytes, pos: int, cut: bool) -> tuple[list, b
         return records, block
     pieces.append(block[last:])
     return records, b"".join(pieces)
-
-
-def _records_before_line(block: bytes, line_in_block: int) -> int:
-    """Metric records in the block before its line number `line_in_block` (1-based)."""
-    offset = 0
-    for _ in range(line_in_block - 1):
-        offset = block.find(b"\n", offset) + 1
-        if offset == 0:
-            return len(METRIC_DICT_RE.findall(block))
-    return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
 _JSON_ESCAPES = (("\\n", "\n"), ('\\"', '"'), ("\\t", "\t"), ("\\/", "/"))
@@ -467,40 +442,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     return matched
 
 
-# ---------------------------------------------------------------------------------------------
-# env snapshot -> env.* facts
-
-def env_facts(snapshot: Optional[dict], device_index: Optional[int] = None) -> dict[str, Any]:
-    """Map a loradoctor snapshot (docs/snapshot.md) to the env.* facts; tolerates missing keys
-    and `{"error": ...}` sections."""
-    if not isinstance(snapshot, dict):
-        return {}
-    out: dict[str, Any] = {"env.present": True}
-    nvidia = snapshot.get("nvidia") if isinstance(snapshot.get("nvidia"), dict) else {}
-    gpus = [g for g in (nvidia.get("gpus") or []) if isinstance(g, dict)]
-    if nvidia.get("driver_version"):
-        out["env.driver_version"] = str(nvidia["driver_version"])
-    if gpus:
-        gpu = next((g for g in gpus if g.get("index") == device_index), gpus[0])
-        if gpu.get("name"):
-            out["env.gpu_name"] = gpu["name"]
-        try:
-            if gpu.get("compute_capability") is not None:
-                out["env.compute_capability"] = float(gpu["compute_capability"])
-        except (TypeError, ValueError):
-            pass
-        if isinstance(gpu.get("memory_total_bytes"), int):
-            out["env.gpu_total_bytes"] = gpu["memory_total_bytes"]
-        others = [p.get("used_bytes") for g in gpus for p in (g.get("processes") or [])
-                  if isinstance(p, dict) and not p.get("ours") and isinstance(p.get("used_bytes"), int)]
-        if any("processes" in g and isinstance(g.get("processes"), list) for g in gpus):
-            out["env.other_process_bytes"] = sum(others)
-    torch = snapshot.get("torch") if isinstance(snapshot.get("torch"), dict) else {}
-    if "cuda_available" in torch and isinstance(torch.get("cuda_available"), bool):
-        out["env.torch_cuda_available"] = torch["cuda_available"]
-    if torch.get("cuda_version"):
-        out["env.torch_cuda_version"] = str(torch["cuda_version"])
-    return out
+env_facts = snapshot_facts  # the old name (loradoctor.env.facts owns the mapping)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,48 +599,13 @@ def _label(c: _Candidate) -> str:
 MAX_WHY_PARTS = 3
 
 
-def _held_comparisons(node: ast.AST, negated: bool = False) -> Iterable[ast.Compare]:
-    """The comparisons of a `when`, in reading order, that are not under a `not` (a comparison
-    inside `not (...)` that holds is the part that did NOT make the rule fire)."""
-    if isinstance(node, ast.Compare):
-        if not negated:
-            yield node
-        return
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        negated = True
-    for child in ast.iter_child_nodes(node):
-        yield from _held_comparisons(child, negated)
-
-
 def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
     """The parts of the rule's `when` that held and carry numbers, at most MAX_WHY_PARTS, then "…"
     (a catch-all's condition is hundreds of words; listing all of it explains nothing)."""
     cond = c.rule.condition
     if cond is None:
         return ""
-    vals = c.values if values is None else values
-    parts: list[str] = []
-    more = False
-    for node in _held_comparisons(cond.tree.body):
-        names = [_dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
-        if not any(isinstance(vals.get(n), (int, float)) and not isinstance(vals.get(n), bool) for n in names if n):
-            continue
-        try:
-            held = bool(cond._eval(node, vals))
-        except Exception:  # noqa: BLE001 - a part that cannot be shown is left out
-            held = False
-        if not held:
-            continue
-        try:
-            text = Condition(ast.unparse(node)).describe(vals)
-        except ConditionError:
-            continue
-        if text in parts:
-            continue
-        if len(parts) == MAX_WHY_PARTS:
-            more = True
-            break
-        parts.append(text)
+    parts, more = cond.held_parts(c.values if values is None else values, MAX_WHY_PARTS)
     if not parts:
         return cond.describe(c.finding.facts) if len(cond.expr) <= 120 else ""
     return "; ".join(parts) + ("; …" if more else "")
@@ -754,7 +661,7 @@ def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
         basis = basis or ("numbers" + (f" ({shown})" if shown else ""))
         return f"{basis} support this more than keyword-only finding {_label(b)}"
     if a.score > b.score:
-        extra = f"; both rest on numbers" if a.numbers and b.numbers else ""
+        extra = "; both rest on numbers" if a.numbers and b.numbers else ""
         return (f"{a.finding.confidence_label} confidence, severity {a.rule.severity} outranks {_label(b)} "
                 f"({b.finding.confidence_label}, {b.rule.severity}){extra}")
     if a.score == b.score:
@@ -778,24 +685,9 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     inputs = reader.resolve_inputs(list(paths))
     collector = FactCollector(block_metrics=True)
     states = scan_inputs(inputs, rules, collector, progress)
-    facts = collector.finish()
+    facts = collector.finish(inputs)
     values = facts.values
-    for item in inputs:
-        if item.rank is not None:
-            collector.ranks.add(item.rank)
-    if collector.ranks:
-        values["dist.ranks"] = sorted(collector.ranks)
-    rank_files = {item.rank for item in inputs if item.rank is not None}
-    if "dist.world_size" not in values and len(rank_files) >= 2:
-        # one file per rank: the files are the world (a rank without a file cannot be called silent)
-        values["dist.world_size"] = len(rank_files)
-        reported = set(values.get("dist.timeout_ranks", ()))
-        if reported and reported <= rank_files:
-            values["dist.silent_ranks"] = sorted(rank_files - reported)
-    values["input.files"] = len(inputs)
-    values["input.lines"] = sum(i.lines for i in inputs)
-    values["input.bytes"] = sum(i.bytes for i in inputs)
-    values.update(env_facts(env, values.get("oom.device_index")))
+    values.update(snapshot_facts(env, values.get("oom.device_index")))
     cands = []
     for rule, state in zip(rules, states):
         if rule.patterns and not state.matches:
@@ -812,5 +704,5 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     diagnosed = any(f.severity in ("error", "warning") for f in findings)
     tail = list(collector.error_tail) if not diagnosed else []
     return ExplainReport(inputs=[i.to_dict() for i in inputs], findings=findings, unrecognised_tail=tail,
-                         facts=dict(values), series=facts.series, rules_checked=len(rules),
+                         facts=dict(values), rules_checked=len(rules),
                          elapsed_s=time.perf_counter() - started)

@@ -6,7 +6,7 @@ One module per extractor family, each a pure parser of text (unit-tested on its 
 - `oom`: the out-of-memory message (`parse_oom_message`), wrapped lines joined, phase and step.
 - `memsum`: `torch.cuda.memory_summary()` tables (`parse_memory_summary`).
 - `metrics` (line parsers) and `aggregate` (the MetricsExtractor): Trainer records, tables, wandb
-  summaries, overflows, PEFT counts; streaming aggregates and downsampled series.
+  summaries, overflows, PEFT counts; their streaming aggregates (`LossAggregate`).
 - `trace`: tracebacks and the phase their frames name (`location_from_frames`).
 - `dist`: torchrun's ChildFailedError, NCCL timeouts and errors, world size.
 - `xid`: kernel Xid lines.  `host`: the OOM killer, `Killed`, exit 137, Code 43.
@@ -27,7 +27,7 @@ from loradoctor.logs.facts.memsum import MemorySummary, parse_memory_summary
 from loradoctor.logs.facts.metrics import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, _metric_bytes,
                                            parse_bar_postfix, parse_metric_record, parse_table_row,
                                            parse_wandb_value, table_columns)
-from loradoctor.logs.facts.oom import HELD_BACK_OOM_FORMS, OomMessage, parse_oom_message
+from loradoctor.logs.facts.oom import HELD_BACK_OOM_FORMS, OomMessage, RawPosition, parse_oom_message
 from loradoctor.logs.facts.trace import location_from_frames
 from loradoctor.logs.facts.xid import XidEvent, parse_xid
 
@@ -37,5 +37,5 @@ __all__ = [
     "OomKill", "is_bare_killed", "parse_exit_code", "parse_oom_killer", "MemorySummary", "parse_memory_summary",
     "METRIC_DICT_RE", "PY_METRIC_DICT_RE", "TABLE_HEAD", "_metric_bytes", "parse_bar_postfix",
     "parse_metric_record", "parse_table_row", "parse_wandb_value", "table_columns", "HELD_BACK_OOM_FORMS",
-    "OomMessage", "parse_oom_message", "location_from_frames", "XidEvent", "parse_xid",
+    "OomMessage", "RawPosition", "parse_oom_message", "location_from_frames", "XidEvent", "parse_xid",
 ]

@@ -1,13 +1,11 @@
 """metrics, aggregated: the MetricsExtractor feeds metric records (from lines, from the engine's
 batches of `{'loss': ...}` dicts, from notebook tables and wandb summaries) into streaming
-aggregates (docs/facts.md `metrics.*`) and downsampled loss / memory series, in bounded memory
-however long the log."""
+aggregates (docs/facts.md `metrics.*`), in bounded memory however long the log."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
@@ -17,42 +15,193 @@ from loradoctor.logs.facts.metrics import (
     parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, table_columns,
 )
 
-@dataclass
-class _Series:
-    """Downsampled (index, value) points: at most `limit`, evenly thinned as the log grows."""
+class LossAggregate:
+    """The streaming aggregates of a run's loss, grad norm and learning rate (docs/facts.md
+    `metrics.*`), record by record (`add`) or a block of records at once with list operations
+    (`add_many`, the same result: tests/test_facts.py checks this on random runs)."""
 
-    limit: int = 256
-    stride: int = 1
-    points: list = field(default_factory=list)
-    _n: int = 0
+    def __init__(self) -> None:
+        self.records = 0
+        self.loss_first: Optional[float] = None
+        self.loss_last: Optional[float] = None
+        self.loss_min: Optional[float] = None
+        self.loss_max: Optional[float] = None
+        self.max_after_min: Optional[float] = None  # the highest finite loss after the minimum
+        self.loss_nan = 0  # non-finite losses
+        self.loss_zero = 0
+        self.first_nonfinite: Optional[int] = None  # 1-based record of the first non-finite loss or grad norm
+        self.finite_before_nan = 0
+        self.flat_run = 0  # consecutive finite records whose loss changed by < 1e-4, ending at the last
+        self.flat_best = 0
+        self.prev_loss: Optional[float] = None  # the last loss when finite, else None
+        self.gn_first: Optional[float] = None
+        self.gn_max: Optional[float] = None
+        self.gn_nan = 0
+        self.lr_max: Optional[float] = None
+        self.lr_last: Optional[float] = None
 
-    def add(self, index: int, value: float) -> None:
-        self._n += 1
-        if (self._n - 1) % self.stride:
-            return
-        self.points.append((index, value))
-        if len(self.points) >= self.limit:
-            self.points = self.points[::2]
-            self.stride *= 2
-
-    def add_many(self, indices: list, values: list) -> None:
-        """The same as calling add for each pair, with list slicing instead of a Python loop."""
-        i, total = 0, len(values)
-        while i < total:
-            first = i + (-self._n) % self.stride  # the next element that add() would keep
-            room = self.limit - len(self.points)
-            kept_idx = indices[first:total:self.stride][:room]
-            kept_val = values[first:total:self.stride][:room]
-            self.points.extend(zip(kept_idx, kept_val))
-            if len(self.points) >= self.limit:
-                upto = first + (len(kept_idx) - 1) * self.stride + 1
-                self._n += upto - i
-                i = upto
-                self.points = self.points[::2]
-                self.stride *= 2
+    def add(self, loss: float, gn: Optional[float] = None, lr: Optional[float] = None) -> bool:
+        """One record (gn and lr None when absent). True when it is the first non-finite one."""
+        self.records += 1
+        finite = loss - loss == 0  # false for nan and +-inf
+        first_bad = False
+        if self.first_nonfinite is None and (not finite or (gn is not None and gn - gn != 0)):
+            self.first_nonfinite = self.records
+            self.finite_before_nan = self.records - 1 - self.loss_nan
+            first_bad = True
+        if finite:
+            if self.loss_first is None:
+                self.loss_first = loss
+            self.loss_last = loss
+            if self.loss_min is None or loss < self.loss_min:
+                self.loss_min = loss
+                self.max_after_min = None
+            elif self.max_after_min is None or loss > self.max_after_min:
+                self.max_after_min = loss
+            if self.loss_max is None or loss > self.loss_max:
+                self.loss_max = loss
+            if loss == 0:
+                self.loss_zero += 1
+            if self.prev_loss is not None and -1e-4 < loss - self.prev_loss < 1e-4:
+                self.flat_run += 1
             else:
-                self._n += total - i
-                i = total
+                self.flat_run = 1
+            if self.flat_run > self.flat_best:
+                self.flat_best = self.flat_run
+            self.prev_loss = loss
+        else:
+            self.loss_nan += 1
+            self.flat_run = 0
+            self.prev_loss = None
+        if gn is not None:
+            if gn - gn == 0:
+                if self.gn_first is None:
+                    self.gn_first = gn
+                if self.gn_max is None or gn > self.gn_max:
+                    self.gn_max = gn
+            else:
+                self.gn_nan += 1
+        if lr is not None and lr - lr == 0:
+            self.lr_last = lr
+            if self.lr_max is None or lr > self.lr_max:
+                self.lr_max = lr
+        return first_bad
+
+    def add_many(self, losses: list, gns: Optional[list] = None, lrs: Optional[list] = None) -> Optional[int]:
+        """`add` for each record (gns / lrs None when no record has them), with list operations: a
+        long training log has millions of records. Returns the position in `losses` of the first
+        non-finite record when it is the run's first, else None."""
+        n = len(losses)
+        if not n:
+            return None
+        start = self.records  # records before this batch; record k has index start + k + 1
+        finite = list(map(math.isfinite, losses))
+        all_finite = all(finite)
+        gn_finite = list(map(math.isfinite, gns)) if gns is not None else None
+        first_bad = None
+        if self.first_nonfinite is None:
+            firsts = []
+            if not all_finite:
+                firsts.append(finite.index(False))
+            if gn_finite is not None and not all(gn_finite):
+                firsts.append(gn_finite.index(False))
+            if firsts:
+                first_bad = min(firsts)
+                self.first_nonfinite = start + first_bad + 1
+                self.finite_before_nan = start + first_bad - self.loss_nan
+        values = losses if all_finite else list(itertools.compress(losses, finite))
+        self.loss_nan += n - len(values)
+        self.records = start + n
+        if values:
+            if self.loss_first is None:
+                self.loss_first = values[0]
+            self.loss_last = values[-1]
+            self.loss_zero += values.count(0.0)
+            low, high = min(values), max(values)
+            if self.loss_min is None or low < self.loss_min:
+                at = values.index(low)
+                tail = values[at + 1:]
+                self.max_after_min = max(tail) if tail else None
+                self.loss_min = low
+            else:
+                self.max_after_min = high if self.max_after_min is None else max(self.max_after_min, high)
+            if self.loss_max is None or high > self.loss_max:
+                self.loss_max = high
+        self._flat_runs(losses, finite, all_finite)
+        if gns is not None:
+            good = gns if all(gn_finite) else list(itertools.compress(gns, gn_finite))  # type: ignore[arg-type]
+            self.gn_nan += len(gns) - len(good)
+            if good:
+                if self.gn_first is None:
+                    self.gn_first = good[0]
+                top = max(good)
+                if self.gn_max is None or top > self.gn_max:
+                    self.gn_max = top
+        if lrs is not None:
+            good = [x for x in lrs if x - x == 0] if not all(map(math.isfinite, lrs)) else lrs
+            if good:
+                self.lr_last = good[-1]
+                top = max(good)
+                if self.lr_max is None or top > self.lr_max:
+                    self.lr_max = top
+        return first_bad
+
+    def _flat_runs(self, losses: list, finite: list, all_finite: bool) -> None:
+        """flat_run / flat_best over a batch: the steady steps found with one comparison per pair
+        (bytes of 0/1, split at the breaks)."""
+        pieces = [losses] if all_finite else _finite_pieces(losses, finite)
+        prev, run, best = self.prev_loss, self.flat_run, self.flat_best
+        for piece in pieces:
+            if not piece:  # a non-finite record: the run ends
+                prev, run = None, 0
+                continue
+            steady = bytes(-1e-4 < b - a < 1e-4 for a, b in zip(piece, piece[1:]))
+            streaks = steady.split(b"\0")
+            # the first record continues the previous run if it is close to the previous loss
+            lead = 1 if prev is None or not (-1e-4 < piece[0] - prev < 1e-4) else run + 1
+            if len(streaks) == 1:  # no break inside the piece
+                run = lead + len(streaks[0])
+                best = max(best, run)
+            else:
+                best = max(best, lead + len(streaks[0]), 1 + max(len(x) for x in streaks[1:]))
+                run = 1 + len(streaks[-1])
+            prev = piece[-1]
+        self.prev_loss, self.flat_run, self.flat_best = prev, run, best
+
+    def publish(self, v: dict[str, Any]) -> None:
+        v["metrics.steps"] = self.records
+        v["metrics.loss_nan_count"] = self.loss_nan
+        v["metrics.loss_zero_count"] = self.loss_zero
+        v["metrics.grad_norm_nan_count"] = self.gn_nan
+        if self.first_nonfinite is not None:
+            v["metrics.first_nonfinite_index"] = self.first_nonfinite
+            v["metrics.finite_before_nan"] = self.finite_before_nan
+        if self.loss_first is not None:
+            v["metrics.first_loss"] = self.loss_first
+            v["metrics.last_loss"] = self.loss_last
+            v["metrics.min_loss"] = self.loss_min
+            v["metrics.max_loss"] = self.loss_max
+            v["metrics.loss_range"] = self.loss_max - self.loss_min  # type: ignore[operator]
+            v["metrics.loss_flat_steps"] = self.flat_best
+            if self.max_after_min is not None and self.loss_min and self.loss_min > 0:
+                v["metrics.loss_rise_ratio"] = self.max_after_min / self.loss_min
+        if self.gn_first is not None:
+            v["metrics.grad_norm_first"] = self.gn_first
+            v["metrics.grad_norm_max"] = self.gn_max
+            if self.gn_first > 0:
+                v["metrics.grad_norm_growth"] = self.gn_max / self.gn_first  # type: ignore[operator]
+        if self.lr_max is not None:
+            v["metrics.lr_max"] = self.lr_max
+            v["metrics.lr_last"] = self.lr_last
+
+
+def _bfloat_or_none(text: Optional[bytes]) -> Optional[float]:
+    if not text:
+        return None
+    try:
+        return _bfloat(text)
+    except ValueError:
+        return None
 
 
 def _finite_pieces(values: list, finite: list) -> list:
@@ -73,7 +222,6 @@ def _finite_pieces(values: list, finite: list) -> list:
     return pieces
 
 
-
 class MetricsExtractor(Extractor):
     """Metric records and their aggregates, loss-scale overflows, PEFT's parameter count."""
 
@@ -90,17 +238,7 @@ class MetricsExtractor(Extractor):
         super().__init__(sink)
         # block_metrics: the engine feeds `{'loss': ...}` dicts through feed_dict_record itself
         self.block_metrics = block_metrics
-        self._records = 0
-        self._loss_first = self._loss_last = self._loss_min = self._loss_max = None
-        self._loss_nan = self._loss_zero = 0
-        self._first_nonfinite: Optional[int] = None
-        self._finite_before_nan = 0
-        self._flat_run = self._flat_best = 0
-        self._prev_loss: Optional[float] = None
-        self._max_after_min: Optional[float] = None
-        self._gn_first = self._gn_max = None
-        self._gn_nan = 0
-        self._lr_max = self._lr_last = None
+        self.loss = LossAggregate()
         self._eval_last = None
         self._finished = False
         self._overflows = 0
@@ -108,8 +246,6 @@ class MetricsExtractor(Extractor):
         self._mem_key: Optional[str] = None
         self._mem_first = self._mem_last = self._mem_max = None
         self._mem_run = self._mem_best = 0
-        self.loss_series = _Series()
-        self.mem_series = _Series()
         # records from notebook tables and wandb summaries: replayed by close() only in a log
         # without metric records of its own (docs/facts.md)
         self._table_columns: Optional[list[str]] = None  # a table whose rows ran to a block's end
@@ -120,7 +256,7 @@ class MetricsExtractor(Extractor):
     @property
     def records(self) -> int:
         """Metric records aggregated so far."""
-        return self._records
+        return self.loss.records
 
     def feed(self, line: Any) -> bool:
         text = line.text
@@ -207,10 +343,10 @@ class MetricsExtractor(Extractor):
         """Replay table rows, else the wandb summary as one final record, when the log holds no
         metric record of its own: the dicts of the same run carry the same numbers, step by step,
         and adding a table or summary to them would count steps twice or append a fake last step."""
-        if self._records == 0:
+        if self.loss.records == 0:
             for record, raw, n, make_line in self._table_rows:
                 self._record(record, lambda raw=raw, n=n, make_line=make_line: make_line(raw, n))
-        if self._records == 0 and "loss" in self._wandb:
+        if self.loss.records == 0 and "loss" in self._wandb:
             line = self._wandb_line
             self._record(dict(self._wandb), lambda: line)
             self.sink.values["metrics.summary_only"] = True
@@ -278,187 +414,38 @@ class MetricsExtractor(Extractor):
 
     def _vector_batch(self, losses: list, gns: Optional[list], lrs: Optional[list],
                       line_at: Callable[[int], Any]) -> None:
-        """Aggregate a run of plain records; the same facts as _record, record by record."""
+        """A run of plain records, aggregated at once."""
         n = len(losses)
-        start = self._records  # records before this batch; record k has index start + k + 1
-        finite = list(map(math.isfinite, losses))
-        all_finite = all(finite)
-        gn_finite = list(map(math.isfinite, gns)) if gns is not None else None
-        if self._records == 0:
+        if self.loss.records == 0:
             self.sink._evidence("metrics", line_at(0))
-        if self._first_nonfinite is None:
-            firsts = []
-            if not all_finite:
-                firsts.append(finite.index(False))
-            if gn_finite is not None and not all(gn_finite):
-                firsts.append(gn_finite.index(False))
-            if firsts:
-                k = min(firsts)
-                self._first_nonfinite = start + k + 1
-                self._finite_before_nan = start + k - self._loss_nan
-                self.sink._evidence("metrics", line_at(k))
-        if all_finite:
-            values, where = losses, list(range(start + 1, start + n + 1))
-        else:
-            values = list(itertools.compress(losses, finite))
-            where = list(itertools.compress(range(start + 1, start + n + 1), finite))
-            self._loss_nan += n - len(values)
-        self._records = start + n
+        first_bad = self.loss.add_many(losses, gns, lrs)
+        if first_bad is not None:
+            self.sink._evidence("metrics", line_at(first_bad))
         self._last_metrics_line = lambda k=n - 1: line_at(k)
-        if values:
-            self.loss_series.add_many(where, values)
-            if self._loss_first is None:
-                self._loss_first = values[0]
-            self._loss_last = values[-1]
-            self._loss_zero += values.count(0.0)
-            low, high = min(values), max(values)
-            if self._loss_min is None or low < self._loss_min:
-                at = values.index(low)
-                tail = values[at + 1:]
-                self._max_after_min = max(tail) if tail else None
-                self._loss_min = low
-            else:
-                self._max_after_min = high if self._max_after_min is None else max(self._max_after_min, high)
-            if self._loss_max is None or high > self._loss_max:
-                self._loss_max = high
-        self._flat_runs(losses, finite, all_finite)
-        if gns is not None:
-            good = gns if all(gn_finite) else list(itertools.compress(gns, gn_finite))  # type: ignore[arg-type]
-            self._gn_nan += len(gns) - len(good)
-            if good:
-                if self._gn_first is None:
-                    self._gn_first = good[0]
-                top = max(good)
-                if self._gn_max is None or top > self._gn_max:
-                    self._gn_max = top
-        if lrs is not None:
-            good = [x for x in lrs if x - x == 0] if not all(map(math.isfinite, lrs)) else lrs
-            if good:
-                self._lr_last = good[-1]
-                top = max(good)
-                if self._lr_max is None or top > self._lr_max:
-                    self._lr_max = top
-
-    def _flat_runs(self, losses: list, finite: list, all_finite: bool) -> None:
-        """Longest run of consecutive finite records whose loss changed by < 1e-4."""
-        pieces = [losses] if all_finite else _finite_pieces(losses, finite)
-        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
-        for piece_no, piece in enumerate(pieces):
-            if not piece:  # a non-finite record: the run ends
-                prev, run = None, 0
-                continue
-            steady = bytes(-1e-4 < b - a < 1e-4 for a, b in zip(piece, piece[1:]))
-            streaks = steady.split(b"\0")
-            # the first record continues the previous run if it is close to the previous loss
-            lead = 1 if prev is None or not (-1e-4 < piece[0] - prev < 1e-4) else run + 1
-            if len(streaks) == 1:  # no break inside the piece
-                run = lead + len(streaks[0])
-                best = max(best, run)
-            else:
-                best = max(best, lead + len(streaks[0]), 1 + max(len(x) for x in streaks[1:]))
-                run = 1 + len(streaks[-1])
-            prev = piece[-1]
-        self._prev_loss, self._flat_run, self._flat_best = prev, run, best
 
     def _scalar_batch(self, items: list, line_at: Callable[[int], Any]) -> None:
-        """Record by record, for blocks with memory keys, JSON bodies or odd values."""
-        loss_min, loss_max = self._loss_min, self._loss_max
-        prev, run, best = self._prev_loss, self._flat_run, self._flat_best
-        max_after = self._max_after_min
-        gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
-        last_loss = self._loss_last
-        add_point = self.loss_series.add
-        index = self._records
+        """Record by record, for blocks with memory keys, JSON bodies or odd values: a dict's
+        grad_norm and learning_rate count where the dict pattern found them (as in _vector_batch)."""
         last_k = None
         for k, (loss_text, gn_text, lr_text, rest, body) in enumerate(items):
             if body or (rest and b"mem" in rest) or self._mem_key is not None:
-                # rare shapes: the general path (sync the locals around it)
-                self._records = index
-                self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
-                self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
-                self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
-                self._loss_last = last_loss
+                # rare shapes: the general path
                 if body:
                     self.feed_json_record(body, lambda k=k: line_at(k))
                 else:
                     extra = b"".join(((b", 'grad_norm': " + gn_text) if gn_text else b"",
                                       (b", 'learning_rate': " + lr_text) if lr_text else b"", rest))
                     self.feed_dict_record(loss_text, extra, lambda k=k: line_at(k))
-                index = self._records
-                loss_min, loss_max, prev = self._loss_min, self._loss_max, self._prev_loss
-                run, best, max_after = self._flat_run, self._flat_best, self._max_after_min
-                gn_first, gn_max, lr_max = self._gn_first, self._gn_max, self._lr_max
-                last_loss = self._loss_last
                 continue
             try:
                 loss = _bfloat(loss_text)
             except ValueError:
                 continue
-            index += 1
             last_k = k
-            finite = loss - loss == 0
-            gn = None
-            if gn_text:
-                try:
-                    gn = _bfloat(gn_text)
-                except ValueError:
-                    gn = None
-            if index == 1:
+            if self.loss.add(loss, _bfloat_or_none(gn_text), _bfloat_or_none(lr_text)) or self.loss.records == 1:
                 self.sink._evidence("metrics", line_at(k))
-            if self._first_nonfinite is None and (not finite or (gn is not None and gn - gn != 0)):
-                self._first_nonfinite = index
-                self._finite_before_nan = index - 1 - self._loss_nan
-                self.sink._evidence("metrics", line_at(k))
-            if finite:
-                add_point(index, loss)
-                last_loss = loss
-                if loss_min is None:
-                    self._loss_first = loss
-                    loss_min = loss_max = loss
-                elif loss < loss_min:
-                    loss_min = loss
-                    max_after = None
-                elif max_after is None or loss > max_after:
-                    max_after = loss
-                if loss > loss_max:
-                    loss_max = loss
-                if loss == 0:
-                    self._loss_zero += 1
-                if prev is not None and -1e-4 < loss - prev < 1e-4:
-                    run += 1
-                else:
-                    run = 1
-                if run > best:
-                    best = run
-                prev = loss
-            else:
-                self._loss_nan += 1
-                run = 0
-                prev = None
-            if gn is not None:
-                if gn - gn == 0:
-                    if gn_first is None:
-                        gn_first = gn_max = gn
-                    elif gn > gn_max:
-                        gn_max = gn
-                else:
-                    self._gn_nan += 1
-            if lr_text:
-                try:
-                    lr = _bfloat(lr_text)
-                except ValueError:
-                    lr = None
-                if lr is not None and lr - lr == 0:
-                    self._lr_last = lr
-                    if lr_max is None or lr > lr_max:
-                        lr_max = lr
-        self._records = index
-        self._loss_last = last_loss
         if last_k is not None:
             self._last_metrics_line = lambda k=last_k: line_at(k)
-        self._loss_min, self._loss_max, self._prev_loss = loss_min, loss_max, prev
-        self._flat_run, self._flat_best, self._max_after_min = run, best, max_after
-        self._gn_first, self._gn_max, self._lr_max = gn_first, gn_max, lr_max
 
     def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
         """Fast path for a JSON record with a "loss" key (the text between the braces)."""
@@ -483,55 +470,13 @@ class MetricsExtractor(Extractor):
         loss = record.get("loss")
         if not isinstance(loss, float):
             return
-        self._records += 1
-        index = self._records
         gn = record.get("grad_norm")
         lr = record.get("learning_rate", record.get("lr"))
-        finite = loss - loss == 0  # false for nan and +-inf
-        gn_finite = not isinstance(gn, float) or gn - gn == 0
-        if index == 1:
+        first_bad = self.loss.add(loss, gn if isinstance(gn, float) else None, lr if isinstance(lr, float) else None)
+        if self.loss.records == 1:
             self.sink._evidence("metrics", line_at())
-        if (not finite or not gn_finite) and self._first_nonfinite is None:
-            self._first_nonfinite = index
-            self._finite_before_nan = self._records - 1 - self._loss_nan
+        if first_bad:
             self.sink._evidence("metrics", line_at())
-        if finite:
-            self.loss_series.add(index, loss)
-            if self._loss_first is None:
-                self._loss_first = loss
-            self._loss_last = loss
-            if self._loss_min is None or loss < self._loss_min:
-                self._loss_min = loss
-                self._max_after_min = None
-            elif self._max_after_min is None or loss > self._max_after_min:
-                self._max_after_min = loss
-            if self._loss_max is None or loss > self._loss_max:
-                self._loss_max = loss
-            if loss == 0:
-                self._loss_zero += 1
-            if self._prev_loss is not None and abs(loss - self._prev_loss) < 1e-4:
-                self._flat_run += 1
-            else:
-                self._flat_run = 1
-            if self._flat_run > self._flat_best:
-                self._flat_best = self._flat_run
-            self._prev_loss = loss
-        else:
-            self._loss_nan += 1
-            self._flat_run = 0
-            self._prev_loss = None
-        if isinstance(gn, float):
-            if gn - gn == 0:
-                if self._gn_first is None:
-                    self._gn_first = gn
-                if self._gn_max is None or gn > self._gn_max:
-                    self._gn_max = gn
-            else:
-                self._gn_nan += 1
-        if isinstance(lr, float) and lr - lr == 0:
-            self._lr_last = lr
-            if self._lr_max is None or lr > self._lr_max:
-                self._lr_max = lr
         self._last_metrics_line = line_at
 
     def _memory_metric(self, record: dict) -> None:
@@ -560,7 +505,6 @@ class MetricsExtractor(Extractor):
         self._mem_best = max(self._mem_best, self._mem_run)
         self._mem_last = value
         self._mem_max = value if self._mem_max is None else max(self._mem_max, value)
-        self.mem_series.add(self._records, float(value))
 
     def _overflow(self, line: Any) -> None:
         text = line.text
@@ -579,31 +523,8 @@ class MetricsExtractor(Extractor):
 
 
     def publish(self, v: dict[str, Any]) -> None:
-        if self._records:
-            v["metrics.steps"] = self._records
-            v["metrics.loss_nan_count"] = self._loss_nan
-            v["metrics.loss_zero_count"] = self._loss_zero
-            v["metrics.grad_norm_nan_count"] = self._gn_nan
-            if self._first_nonfinite is not None:
-                v["metrics.first_nonfinite_index"] = self._first_nonfinite
-                v["metrics.finite_before_nan"] = self._finite_before_nan
-            if self._loss_first is not None:
-                v["metrics.first_loss"] = self._loss_first
-                v["metrics.last_loss"] = self._loss_last
-                v["metrics.min_loss"] = self._loss_min
-                v["metrics.max_loss"] = self._loss_max
-                v["metrics.loss_range"] = self._loss_max - self._loss_min  # type: ignore[operator]
-                v["metrics.loss_flat_steps"] = self._flat_best
-                if self._max_after_min is not None and self._loss_min and self._loss_min > 0:
-                    v["metrics.loss_rise_ratio"] = self._max_after_min / self._loss_min
-            if self._gn_first is not None:
-                v["metrics.grad_norm_first"] = self._gn_first
-                v["metrics.grad_norm_max"] = self._gn_max
-                if self._gn_first > 0:
-                    v["metrics.grad_norm_growth"] = self._gn_max / self._gn_first  # type: ignore[operator]
-            if self._lr_max is not None:
-                v["metrics.lr_max"] = self._lr_max
-                v["metrics.lr_last"] = self._lr_last
+        if self.loss.records:
+            self.loss.publish(v)
             last = getattr(self, "_last_metrics_line", None)
             if last is not None:
                 self.sink._evidence("metrics", last())
@@ -622,11 +543,3 @@ class MetricsExtractor(Extractor):
             if self._mem_first > 0:
                 v["metrics.mem_growth_ratio"] = self._mem_last / self._mem_first  # type: ignore[operator]
             v["metrics.mem_rising_records"] = self._mem_best
-
-    def series(self) -> dict[str, list]:
-        series = {}
-        if self.loss_series.points:
-            series["loss"] = list(self.loss_series.points)
-        if self.mem_series.points:
-            series["mem_bytes"] = list(self.mem_series.points)
-        return series

@@ -4,7 +4,7 @@ and gathers their facts at the end."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.aggregate import MetricsExtractor
@@ -12,7 +12,7 @@ from loradoctor.logs.facts.common import Extractor, Facts, Sink, TriggerLiterals
 from loradoctor.logs.facts.dist import DistExtractor
 from loradoctor.logs.facts.host import HostExtractor
 from loradoctor.logs.facts.memsum import MemsumExtractor
-from loradoctor.logs.facts.oom import OomExtractor
+from loradoctor.logs.facts.oom import OomExtractor, RawPosition
 from loradoctor.logs.facts.tables import ERRORISH_WORDS
 from loradoctor.logs.facts.trace import TraceExtractor
 from loradoctor.logs.facts.xid import XidExtractor
@@ -55,13 +55,16 @@ class FactCollector(Sink):
         message): what a line does then depends on its text alone."""
         return not any(e.open for e in self.extractors)
 
-    def feed(self, line: Any) -> bool:
-        """Take one normalised line (a reader.Line). Returns True when feeding the same text again
-        could change what is collected (beyond `ranks` and `error_tail`): the engine skips later
-        repeats of a line that returned False while `idle` (a warning printed every step)."""
+    def feed(self, line: Any, position: Optional[RawPosition] = None) -> bool:
+        """Take one normalised line (a reader.Line), with where it sits in its raw block when the
+        engine read it from one. Returns True when feeding the same text again could change what
+        is collected (beyond `ranks` and `error_tail`): the engine skips later repeats of a line
+        that returned False while `idle` (a warning printed every step)."""
         text = line.text
         if not text:
             return False
+        if position is not None:
+            self.oom.locate(line, position)
         touched = not self.idle
         if line.rank is not None:
             self.ranks.add(line.rank)
@@ -97,23 +100,14 @@ class FactCollector(Sink):
     def feed_json_record(self, body: bytes, line_at: Callable[[], Any]) -> None:
         self.metrics.feed_json_record(body, line_at)
 
-    def set_progress(self, n: int, total: int) -> None:
-        """The last training progress bar state seen (the engine finds bars in raw blocks)."""
-        self.oom.progress = (n, total)
-
-    @property
-    def records_before_oom(self) -> Optional[int]:
-        return self.oom.records_before_oom
-
-    @records_before_oom.setter
-    def records_before_oom(self, value: Optional[int]) -> None:
-        self.oom.records_before_oom = value
-
     def world_size(self) -> Optional[int]:
         return self.dist.world_size()
 
     # finishing --------------------------------------------------------------------------------
-    def finish(self) -> Facts:
+    def finish(self, inputs: Optional[Iterable[Any]] = None) -> Facts:
+        """The facts of everything fed. `inputs` (the engine's reader.Inputs, read to the end) add
+        the input.* facts and the ranks their file names carry: one file per rank, the files are
+        the world (a rank without a file cannot be called silent)."""
         # open records close first (a pending OOM message takes its step from the records fed so
         # far, before table rows or a wandb summary are replayed as records)
         for extractor in (self.oom, self.memsum, self.dist, self.metrics):
@@ -121,10 +115,18 @@ class FactCollector(Sink):
         v = self.values
         for extractor in (self.oom, self.memsum, self.trace, self.metrics, self.xid, self.dist):
             extractor.publish(v)
+        items = list(inputs) if inputs is not None else []
+        rank_files = {item.rank for item in items if item.rank is not None}
+        self.ranks |= rank_files
         if self.ranks:
             v["dist.ranks"] = sorted(self.ranks)
+        self.dist.publish_rank_files(v, rank_files)
+        if inputs is not None:
+            v["input.files"] = len(items)
+            v["input.lines"] = sum(i.lines for i in items)
+            v["input.bytes"] = sum(i.bytes for i in items)
         return Facts(values={k: val for k, val in v.items() if val is not None}, groups=self.groups,
-                     series=self.metrics.series(), first_seen=self.first_seen)
+                     first_seen=self.first_seen)
 
 
 def trigger_literals(extractors: tuple[type[Extractor], ...] = (

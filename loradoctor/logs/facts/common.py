@@ -8,23 +8,42 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from loradoctor.findings import Evidence
-from loradoctor.units import MAX_PLAUSIBLE_BYTES, parse_size
+from loradoctor.units import parse_size_or_none
 
 TriggerLiterals = tuple[tuple[str, bool], ...]  # (literal, ignore_case) pairs
 
-_SIZE = r"(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
+# A size as printed. It starts where a run of digits starts: searched unanchored (`_SIZE + " allowed;"`)
+# over a line padded with thousands of digits, a start inside the run would rescan the rest of it
+# from every digit (quadratic: 7,950 digits took 13.5 s).
+_SIZE = r"(?<![\d.])(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
 
 
 def _size(text: Optional[str]) -> Optional[int]:
-    """A plausible byte count or None (WDDM prints values like 17179869184.00 GiB)."""
+    """A plausible byte count or None (WDDM prints values like 17179869184.00 GiB; `1e999` or 400
+    digits are past a float)."""
     if not text:
         return None
     try:
-        value = parse_size(text)
-    except ValueError:
+        return parse_size_or_none(text)
+    except OverflowError:
         return None
-    return value if 0 <= value <= MAX_PLAUSIBLE_BYTES else None
+
+
+# Bounds of the integers a log prints; a larger one is no real value (and one past 4,300 digits
+# would not even convert): it is dropped as implausible.
+MAX_RANK = 1 << 20  # ranks, world sizes, device indexes
+MAX_ID = 1 << 32  # pids, Xid numbers, exit codes, counters, milliseconds go through _bounded_int(.., MAX_MS)
+MAX_MS = 10 ** 12  # about 30 years
+
+
+def _bounded_int(text: Optional[str], most: int) -> Optional[int]:
+    """The integer a regex group holds (digits, maybe a leading `-`), or None when the group is
+    absent or the value's magnitude is beyond `most`."""
+    if not text or len(text.lstrip("-")) > len(str(most)):
+        return None
+    value = int(text)
+    return value if abs(value) <= most else None
 
 
 def _float(text: str) -> float:
@@ -41,7 +60,7 @@ def _float(text: str) -> float:
 def _int(text: str) -> Optional[int]:
     try:
         return int(float(text.replace(",", "")))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: past a float (inf)
         return None
 
 
@@ -50,11 +69,10 @@ MAX_GROUP_EVIDENCE = 6
 
 @dataclass
 class Facts:
-    """The extracted facts: flat values, source lines per group, downsampled series."""
+    """The extracted facts: flat values, and source lines per group."""
 
     values: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, list[Evidence]] = field(default_factory=dict)
-    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     first_seen: dict[str, tuple] = field(default_factory=dict)  # group -> (time_s, input, lineno)
 
     def flat(self) -> dict[str, Any]:

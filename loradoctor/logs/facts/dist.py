@@ -9,7 +9,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from loradoctor.logs.facts.common import Extractor, Sink
+from loradoctor.logs.facts.common import MAX_ID, MAX_MS, MAX_RANK, Extractor, Sink, _bounded_int
 
 @dataclass
 class ChildFailed:
@@ -55,12 +55,12 @@ def parse_child_failed(lines: Iterable[str]) -> Optional[ChildFailed]:
         if m := _CF_RANK_RE.match(text):
             if entry.rank is not None:
                 break
-            entry.rank = int(m.group(1))
-            entry.local_rank = int(m.group(2)) if m.group(2) else None
+            entry.rank = _bounded_int(m.group(1), MAX_RANK)
+            entry.local_rank = _bounded_int(m.group(2), MAX_RANK)
             found = True
         elif m := _CF_EXIT_RE.match(text):
-            entry.exit_code = int(m.group(1))
-            entry.pid = int(m.group(2)) if m.group(2) else None
+            entry.exit_code = _bounded_int(m.group(1), MAX_ID)
+            entry.pid = _bounded_int(m.group(2), MAX_ID)
             found = True
         elif m := _CF_SIGNAL_RE.search(text):
             entry.signal = m.group(2)
@@ -96,9 +96,9 @@ def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
         return None
     t, r, o = _TIMEOUT_MS_RE.search(text), _RAN_MS_RE.search(text), _OPTYPE_RE.search(text)
     rank = m.group(1) or m.group(2)
-    return WatchdogTimeout(rank=int(rank) if rank else None,
-                           timeout_ms=int(t.group(1)) if t else None,
-                           ran_ms=int(r.group(1)) if r else None, op=o.group(1) if o else None)
+    return WatchdogTimeout(rank=_bounded_int(rank, MAX_RANK),
+                           timeout_ms=_bounded_int(t.group(1), MAX_MS) if t else None,
+                           ran_ms=_bounded_int(r.group(1), MAX_MS) if r else None, op=o.group(1) if o else None)
 
 
 _NRANKS_RE = re.compile(r"\bn[Rr]anks[ =:]\s*(\d+)")
@@ -215,8 +215,8 @@ class DistExtractor(Extractor):
         for key, regex in (("nranks", _NRANKS_RE), ("world_size", _WORLD_SIZE_RE), ("nproc", _NPROC_RE),
                            ("nnodes", _NNODES_RE)):
             for m in regex.finditer(text):
-                value = int(next(g for g in m.groups() if g is not None))
-                if value > 0:
+                value = _bounded_int(next(g for g in m.groups() if g is not None), MAX_RANK)
+                if value:
                     self._world[key] = max(self._world.get(key, 0), value)
 
     def world_size(self) -> Optional[int]:
@@ -227,7 +227,8 @@ class DistExtractor(Extractor):
         if "world_size" in w:
             return w["world_size"]
         if "nproc" in w:
-            return w["nproc"] * w.get("nnodes", 1)
+            world = w["nproc"] * w.get("nnodes", 1)
+            return world if world <= MAX_RANK else None
         return None
 
     def publish(self, values: dict[str, Any]) -> None:
@@ -244,3 +245,12 @@ class DistExtractor(Extractor):
                 values["dist.silent_ranks"] = silent
         if self._nccl_errors:
             values["dist.nccl_error_count"] = self._nccl_errors
+
+    @staticmethod
+    def publish_rank_files(values: dict[str, Any], rank_files: set[int]) -> None:
+        """Without a world size in the lines, one file per rank (two or more) is the world."""
+        if "dist.world_size" not in values and len(rank_files) >= 2:
+            values["dist.world_size"] = len(rank_files)
+            reported = set(values.get("dist.timeout_ranks", ()))
+            if reported and reported <= rank_files:
+                values["dist.silent_ranks"] = sorted(rank_files - reported)

@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from loradoctor.logs.facts.common import Extractor
+from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
+from loradoctor.units import MAX_PLAUSIBLE_BYTES
 
 @dataclass
 class OomKill:
@@ -16,11 +17,14 @@ class OomKill:
     anon_rss_bytes: Optional[int]
 
 
-_OOM_KILL_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory|oom-kill)?:?\s*Kill(?:ed)? process (\d+) \(([^)]*)\)"
-                          r"(?:.*?anon-rss:\s*(\d+)\s*kB)?")
+# `Out of memory: Killed process`, `Memory cgroup out of memory: Killed process`, `oom-kill:... Kill process`:
+# the prefixes are optional, so the regex starts at `Kill` (an optional `:?\s*` before it rescanned a
+# long run of spaces from each of them)
+_OOM_KILL_RE = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
 _BARE_KILLED_RE = re.compile(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
 _EXIT_CODE_RE = re.compile(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
-                           r"\s*[:=]?\s*(-?\d+)", re.I)
+                           r"\s*(?:[:=]\s*)?(-?\d+)", re.I)  # not `\s*[:=]?\s*`: two runs that split the same
+                                                               # whitespace in n ways (tab padding: 3.2 s a line)
 
 
 def parse_oom_killer(text: str) -> Optional[OomKill]:
@@ -31,8 +35,9 @@ def parse_oom_killer(text: str) -> Optional[OomKill]:
     m = _OOM_KILL_RE.search(text)
     if not m:
         return None
-    rss = int(m.group(3)) * 1024 if m.group(3) else None
-    return OomKill(pid=int(m.group(1)), process=m.group(2), anon_rss_bytes=rss)
+    rss_kb = _bounded_int(m.group(3), MAX_PLAUSIBLE_BYTES // 1024)
+    return OomKill(pid=_bounded_int(m.group(1), MAX_ID), process=m.group(2),
+                   anon_rss_bytes=rss_kb * 1024 if rss_kb is not None else None)
 
 
 def is_bare_killed(text: str) -> bool:
@@ -43,14 +48,15 @@ def is_bare_killed(text: str) -> bool:
 def parse_exit_code(text: str) -> Optional[int]:
     m = _EXIT_CODE_RE.search(text)
     if m:
-        return int(m.group(1))
+        return _bounded_int(m.group(1), MAX_ID)
     if "Signals.SIGKILL" in text:
         return -9
     return None
 
 
 _CODE43_RE = re.compile(r"\(?Code 43\)?|Problem Code:\s*43\b")
-_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]*?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
+# (a name of at most 80 characters: each lazy step's lookahead scans the spaces after it)
+_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
 
 
 class HostExtractor(Extractor):

@@ -6,7 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
-from loradoctor.logs.facts.common import Extractor, Sink, _size
+from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int, _size
 
 
 @dataclass
@@ -38,7 +38,7 @@ def parse_memory_summary(lines: Iterable[str]) -> Optional[MemorySummary]:
         text = text.strip()
         c = _MEMSUM_COUNTERS_RE.search(text)
         if c:
-            summary.oom_count, summary.alloc_retries = int(c.group(1)), int(c.group(2))
+            summary.oom_count, summary.alloc_retries = _bounded_int(c.group(1), MAX_ID), _bounded_int(c.group(2), MAX_ID)
             seen = True
             continue
         m = _MEMSUM_ROW_RE.match(text)

@@ -19,9 +19,12 @@ _METRIC_RE = re.compile(
     r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
     + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
-# or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines)
+# or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines).
+# The Trainer's dicts are flat: the rest stops at a `{`, so a start that is no dict (a line of
+# `{'loss': 1, ` repeated without a closing brace) is given up at the next start, not 4,000
+# characters later (quadratic in effect: 960 KB took 17 s).
 _PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
-                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^}\r\n]{0,4000})\}")
+                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^{}\r\n]{0,4000})\}")
 PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
 METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 # values bare or quoted (`"loss": "1.85"`); a quoted number must end where its string ends
@@ -52,7 +55,7 @@ _SPACED_MEMORY_KEY_RE = re.compile(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (all
 _ITER_LINE_RE = re.compile(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
 _SPACED_METRIC_RE = re.compile(
     r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
-    r"\s+(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)
+    r"\s+(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)  # not `\d+\.?\d*`: quadratic
 
 
 def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
@@ -85,7 +88,8 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
 
 
 _TORCHTUNE_BAR_RE = re.compile(r"^(\d+)\|(\d+)\|Loss: (" + _NUMBER + r"):")
-_BAR_POSTFIX_RE = re.compile(r"\[[^\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
+# (from the last `[` before the rate: a lazy run across `[`s rescanned the line from each of them)
+_BAR_POSTFIX_RE = re.compile(r"\[[^\[\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
 
 
 def parse_bar_postfix(text: str) -> Optional[dict[str, Any]]:

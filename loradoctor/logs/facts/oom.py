@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
-from loradoctor.logs.facts.common import _SIZE, Extractor, Sink, _size
+from loradoctor.logs.facts.common import _SIZE, MAX_ID, MAX_RANK, Extractor, Sink, _bounded_int, _size
+from loradoctor.logs.facts.metrics import METRIC_DICT_RE
 from loradoctor.logs.facts.tables import OOM_FIGURE_FIELDS as _FIGURE_FIELDS
 from loradoctor.logs.facts.trace import _EXC_RE
 from loradoctor.units import MAX_PLAUSIBLE_BYTES
@@ -92,7 +93,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
                 allowed_bytes=_mps_size(mps.group(3)), requested_bytes=_mps_size(mps.group(4))))
         frac = _OOM_FRACTION_RE.search(text)
         if frac:
-            msg = OomMessage(era="fraction", device_index=int(frac.group(1)))
+            msg = OomMessage(era="fraction", device_index=_bounded_int(frac.group(1), MAX_RANK))
             for f in _OOM_FIGURE_RE.finditer(text, frac.end()):
                 label = f.group(1).split(" (")[0] if f.group(1).startswith("PyTorch") else f.group(1)
                 name = _FIGURE_FIELDS[label]
@@ -122,7 +123,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     g1 = _OOM_G1_RE.search(rest)
     if g1:
         msg = OomMessage(era="G2" if "max_split_size_mb" in rest else "G1", requested_bytes=requested,
-                         device_index=int(g1.group(1)), total_bytes=_size(g1.group(2)),
+                         device_index=_bounded_int(g1.group(1), MAX_RANK), total_bytes=_size(g1.group(2)),
                          allocated_bytes=_size(g1.group(3)), free_bytes=_size(g1.group(4)),
                          allowed_bytes=_size(g1.group(5)), reserved_bytes=_size(g1.group(6)), hint=hint)
         if msg.reserved_bytes is not None and msg.allocated_bytes is not None:
@@ -133,7 +134,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     ipex = _OOM_IPEX_RE.search(rest)
     if ipex:
         # intel-extension-for-pytorch's XPU message: the G1 layout without the free figure
-        msg = OomMessage(era="ipex", requested_bytes=requested, device_index=int(ipex.group(1)),
+        msg = OomMessage(era="ipex", requested_bytes=requested, device_index=_bounded_int(ipex.group(1), MAX_RANK),
                          total_bytes=_size(ipex.group(2)), allocated_bytes=_size(ipex.group(3)),
                          reserved_bytes=_size(ipex.group(4)), hint=hint)
         msg = _drop_implausible(msg)
@@ -151,7 +152,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     msg = OomMessage(era=era, requested_bytes=requested, hint=hint)
     t = _OOM_TOTAL_RE.search(rest)
     if t:
-        msg.device_index = int(t.group(1))
+        msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
     others = [_size(p.group(2)) for p in _OOM_PROCESS_RE.finditer(rest)]
@@ -270,6 +271,56 @@ def _join_wrapped(first: str, second: str) -> str:
 
 
 
+# ---------------------------------------------------------------------------------------------
+# the step at the OOM: the training bar before it, or the metric records before it
+
+class RawPosition(NamedTuple):
+    """Where a line sits in the raw block the engine read it from: what the OOM extractor needs
+    to find the progress bar and the metric records before the first OOM line."""
+
+    view: bytes  # the block as scanned (metric dicts may be cut out)
+    start: int  # the line's offset in view
+    block: bytes  # the whole block
+    line_in_block: int  # 1-based
+    records_before_block: int  # metric records aggregated before this block
+    has_records: bool  # the block holds metric records
+
+    def progress(self) -> Optional[tuple[int, int]]:
+        return _last_training_bar(self.view, self.start)
+
+    def records_before(self) -> int:
+        return self.records_before_block + (
+            _records_before_line(self.block, self.line_in_block) if self.has_records else 0)
+
+
+_BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
+
+
+def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:
+    """The last tqdm bar without a description before `end` in the block: (n, total)."""
+    start = max(0, end - window)
+    chunk = block[start:end]
+    best = None
+    for m in _BAR_TAIL_RE.finditer(chunk):
+        desc = m.group(1).strip()
+        if desc and re.search(rb"[A-Za-z]", desc) and not desc.lower().startswith((b"[rank", b"train", b"epoch")):
+            continue  # "Loading checkpoint shards", "Map", eval bars with names
+        n, total = _bounded_int(m.group(3), MAX_ID), _bounded_int(m.group(4), MAX_ID)
+        if n is not None and total is not None:
+            best = (n, total)
+    return best
+
+
+def _records_before_line(block: bytes, line_in_block: int) -> int:
+    """Metric records in the block before its line number `line_in_block` (1-based)."""
+    offset = 0
+    for _ in range(line_in_block - 1):
+        offset = block.find(b"\n", offset) + 1
+        if offset == 0:
+            return len(METRIC_DICT_RE.findall(block))
+    return len(METRIC_DICT_RE.findall(block, 0, offset))
+
+
 class OomExtractor(Extractor):
     """OOM lines, and the lines that continue a wrapped one (joined before parsing). The phase
     comes from the traceback the message ends (the trace extractor's frames so far), the step from
@@ -292,10 +343,24 @@ class OomExtractor(Extractor):
         self._oom_count = 0
         self._oom_numbered = False  # the numbers of a numbered message are in
         self._oom_pending: Optional[dict] = None  # an OOM line whose sentence may go on next line
+        self._located = False  # the first OOM line's position was taken
 
     @property
     def open(self) -> bool:
         return self._oom_pending is not None
+
+    def locate(self, line: Any, position: RawPosition) -> None:
+        """The first OOM line of any form (bare ones too) takes the training bar and the metric
+        records before it, from where it sits in its block; records after it (a rerun) never count."""
+        if self._located:
+            return
+        text = line.text
+        if ("ut of memory" in text or "UT OF MEMORY" in text) and parse_oom_message(text) is not None:
+            self._located = True
+            bar = position.progress()
+            if bar is not None:
+                self.progress = bar
+            self.records_before_oom = position.records_before()
 
     def feed(self, line: Any) -> bool:
         text = line.text

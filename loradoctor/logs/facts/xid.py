@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from loradoctor.logs.facts.common import Extractor, Sink
+from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int
 
 @dataclass
 class XidEvent:
@@ -34,16 +34,16 @@ def parse_xid(text: str) -> Optional[XidEvent]:
     and the older / MIG / pid-only shapes (shared/reference/nvidia.md §1.1), plus `GPU ... has
     fallen off the bus` lines without an Xid. None for other text."""
     m = _XID_RE.search(text)
-    if m:
+    if m and _bounded_int(m.group(2), MAX_ID) is not None:
         pid = m.group(3)
         name = (m.group(4) or "").strip()
         rest = (m.group(5) or "").strip()
         xid = int(m.group(2))
-        return XidEvent(xid=xid, pci=m.group(1).lower(), pid=int(pid) if pid and pid.isdigit() else None,
+        return XidEvent(xid=xid, pci=m.group(1).lower(), pid=_bounded_int(pid, MAX_ID) if pid and pid.isdigit() else None,
                         process=name if name and name != "<unknown>" else None, text=rest,
                         fell_off_bus=xid == 79 or "fallen off the bus" in text)
     m = _XID_MONITOR_RE.search(text)
-    if m and int(m.group(1) or m.group(2)) > 0:
+    if m and (_bounded_int(m.group(1) or m.group(2), MAX_ID) or 0) > 0:
         # the Kubernetes device plugin and dcgm-exporter report the driver's Xid without the NVRM line
         xid = int(m.group(1) or m.group(2))
         return XidEvent(xid=xid, text=text.strip(), fell_off_bus=xid == 79)

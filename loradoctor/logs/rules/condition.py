@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.templates import format_value
@@ -216,6 +216,46 @@ class Condition:
                     text += f" {_CMP_TEXT[type(op)]} {show(comp)}"
                 parts.append(text)
         return "; ".join(parts) if parts else self.expr
+
+    def held_parts(self, facts: Mapping[str, Any], limit: int) -> tuple[list[str], bool]:
+        """The comparisons that held on numeric facts, each described with its values (`describe`),
+        in reading order, without repeats and without those under a `not` (those held because the
+        rule's exception did not apply): at most `limit`, and whether more held."""
+        parts: list[str] = []
+        for node in _held_comparisons(self.tree.body):
+            names = [_dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+            if not any(isinstance(facts.get(n), (int, float)) and not isinstance(facts.get(n), bool)
+                       for n in names if n):
+                continue
+            try:
+                held = bool(self._eval(node, facts))
+            except Exception:  # noqa: BLE001 - a part that cannot be shown is left out
+                held = False
+            if not held:
+                continue
+            try:
+                text = Condition(ast.unparse(node)).describe(facts)
+            except ConditionError:
+                continue
+            if text in parts:
+                continue
+            if len(parts) == limit:
+                return parts, True
+            parts.append(text)
+        return parts, False
+
+
+def _held_comparisons(node: ast.AST, negated: bool = False) -> Iterable[ast.Compare]:
+    """The comparisons of a `when`, in reading order, that are not under a `not` (a comparison
+    inside `not (...)` that holds is the part that did NOT make the rule fire)."""
+    if isinstance(node, ast.Compare):
+        if not negated:
+            yield node
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        negated = True
+    for child in ast.iter_child_nodes(node):
+        yield from _held_comparisons(child, negated)
 
 
 def _bin_symbol(op: ast.operator) -> str:
