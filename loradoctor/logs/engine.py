@@ -35,6 +35,12 @@ LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings
 INERT_MAX_BYTES = 2048  # longer lines are not remembered as inert (they rarely repeat verbatim)
 LINE_CACHE_MAX_CHARS = 2048
 FIRST_BLOCK_BYTES = 512 << 10  # a small first block: rules that match every metric line saturate early
+# Regex time limits (built-in patterns take microseconds per line; these stop a user rule, or a
+# pattern gone wrong, from hanging explain): one search, all rules on one line, one rule on one input.
+MATCH_TIMEOUT_S = 0.05
+LINE_BUDGET_S = 0.25
+RULE_INPUT_BUDGET_S = 1.0
+MAX_BUDGET_NOTES = 10
 
 GROUP_NAMES = {
     "oom": "the OOM message", "memsum": "the memory summary", "metrics": "the training metrics",
@@ -96,11 +102,59 @@ class _RuleState:
     excluded: bool = False
 
 
+class MatchBudget:
+    """Regex time on one input: a search past MATCH_TIMEOUT_S is abandoned (the rule is skipped
+    for that line), a line past LINE_BUDGET_S skips its remaining rules, and a rule past
+    RULE_INPUT_BUDGET_S on this input is skipped for the rest of it. Each skip becomes a note on
+    the input (shown in the report)."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        self.spent_s: dict[int, float] = {}
+        self.skipped: set[int] = set()
+        self.notes: list[str] = []
+        self._more = 0
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_BUDGET_NOTES:
+            self.notes.append(text)
+        else:
+            self._more += 1
+
+    def finished_notes(self) -> list[str]:
+        return self.notes + ([f"... and {self._more} more skip(s) of the same kind"] if self._more else [])
+
+    def search(self, i: int, compiled, text: str, line: reader.Line):
+        """compiled.search(text) within the budgets; None when skipped. Budgets count this process's
+        CPU time, so a busy machine does not make a linear pattern look slow."""
+        started = time.process_time()
+        try:
+            for _ in range(2):
+                cpu_before = time.process_time()
+                try:
+                    return compiled.search(text, timeout=MATCH_TIMEOUT_S)
+                except TimeoutError:
+                    # the timeout is wall-clock: try once more when the search itself used little CPU
+                    if time.process_time() - cpu_before >= MATCH_TIMEOUT_S / 2:
+                        break
+            self.note(f"rule {self.rules[i].id} skipped on line {line.lineno}: its regex ran past "
+                      f"{MATCH_TIMEOUT_S * 1000:.0f} ms (linear patterns take microseconds)")
+            return None
+        finally:
+            spent = self.spent_s.get(i, 0.0) + time.process_time() - started
+            self.spent_s[i] = spent
+            if spent > RULE_INPUT_BUDGET_S and i not in self.skipped:
+                self.skipped.add(i)
+                self.note(f"rule {self.rules[i].id} skipped from line {line.lineno} on: its regexes took "
+                          f"{spent:.1f} s on this input (budget {RULE_INPUT_BUDGET_S:.0f} s)")
+
+
 class Matcher:
     """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
+        self.budget = MatchBudget(rules)
         targets: dict[tuple[str, bool], set] = {}
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
@@ -205,6 +259,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     oom_bar_done = False
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
+        matcher.budget = MatchBudget(rules)
+        matcher.line_cache.clear()  # a result the budget cut short is not carried to another input
         base = 0
         done = 0
         ends_with_newline = True
@@ -294,6 +350,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
+        item.notes.extend(matcher.budget.finished_notes())
     return states
 
 
@@ -429,22 +486,29 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     matched = False
     if results is None:
         results = []
+        budget = matcher.budget
+        line_started = time.process_time()
         for kind, i, j in matcher.hits(text):
+            if i in budget.skipped:
+                continue
+            if time.process_time() - line_started > LINE_BUDGET_S:
+                budget.note(f"line {line.lineno}: rules skipped after {LINE_BUDGET_S * 1000:.0f} ms of matching")
+                break
             rule, state = rules[i], states[i]
             if kind == "p":
                 if len(state.matches) >= MAX_MATCH_EVIDENCE:
                     continue
                 m = None
                 for pattern in rule.compiled_patterns:
-                    m = pattern.search(text)
+                    m = budget.search(i, pattern, text, line)
                     if m:
                         break
                 results.append((kind, i, j, m))
             elif kind == "r":
                 if not state.required[j]:
-                    results.append((kind, i, j, rule.compiled_require[j].search(text)))
+                    results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
             elif not state.excluded:
-                results.append((kind, i, j, rule.compiled_exclude[j].search(text)))
+                results.append((kind, i, j, budget.search(i, rule.compiled_exclude[j], text, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()
