@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from loradoctor.logs.rules import lint_rules, load_rules
+from loradoctor.errors import UserError
+from loradoctor.logs.engine import explain
+from loradoctor.logs.rules import Condition, ConditionError, build_rule, lint_rules, load_rules
 from loradoctor.logs.rules.redos import LINT_BUDGET_S_PER_1000, static_problems, timed_problems, worst_time_s
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +143,8 @@ def test_a_search_past_its_timeout_is_abandoned_with_a_note(tmp_path):
     # with a timeout, so that a regression fails this test instead of hanging the suite.
     script = textwrap.dedent(f"""
         import json, sys
-                from loradoctor.logs.rules import build_rule, load_rules
+        from loradoctor.logs.engine import explain
+        from loradoctor.logs.rules import build_rule, load_rules
         rule, problems = build_rule({{"id": "user-runaway", "cause": "oom.capacity", "title": "t",
             "severity": "error", "confidence": "high", "patterns": ["boom (a|a)+$"], "prefilter": ["boom"],
             "summary": "s", "fixes": [{{"text": "f"}}], "docs": "d"}}, "test")
@@ -162,3 +165,38 @@ def test_a_search_past_its_timeout_is_abandoned_with_a_note(tmp_path):
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert any("user-runaway" in n and "line 2" in n for n in out["notes"]), out
     assert out["first"] is not None  # the built-in rules still diagnosed the OOM
+
+
+@pytest.mark.parametrize("expr", [
+    "'x' * 100000000000 == 'x'",          # 7.8 GB before
+    "[0] * 1000000000000 == [0]",          # MemoryError traceback before
+    "-'x' == 'x'",
+    "(oom.count > 1) * 3 > 0",
+    "oom.count + 'x' == 1",
+])
+def test_condition_arithmetic_only_between_numbers_at_load(expr):
+    with pytest.raises(ConditionError, match="only between numbers"):
+        Condition(expr)
+
+
+def test_condition_arithmetic_on_a_fact_that_is_no_number_is_missing():
+    # a fact holding a string (trace.location) multiplied: missing, never 'load' * n
+    cond = Condition("trace.location * 3 == 'loadloadload'")
+    assert cond.evaluate({"trace.location": "load"}) is False
+
+
+@pytest.mark.parametrize("expr, facts", [
+    ("oom.requested_bytes * 1e300 * 1e300 > 0", {"oom.requested_bytes": 5}),
+    ("oom.requested_bytes * 100000000000000000000 * 100000000000000000000 > 0", {"oom.requested_bytes": 5}),
+])
+def test_condition_results_are_bounded(expr, facts):
+    assert Condition(expr).evaluate(facts) is False
+
+
+def test_lint_rejects_what_evaluation_would_refuse(tmp_path):
+    body = _USER_RULE.format(rid="string-times", pattern="my own failure") + "    when: \"'x' * 100000000000 == 'x'\"\n"
+    (tmp_path / "mine.yaml").write_text(body, encoding="utf-8")
+    problems = lint_rules(tmp_path)
+    assert any("string-times" in p and "only between numbers" in p for p in problems), problems
+    with pytest.raises(UserError):
+        load_rules([tmp_path])
