@@ -74,7 +74,8 @@ _REPORTS: dict[Path, object] = {}
 
 
 def _explain_positive(path: Path):
-    # The fires test and the ranks-first test read the same report; explain each fixture once per worker.
+    # The fires, ranks-first, negative and wording tests read the same report; explain each fixture
+    # once per worker.
     if path not in _REPORTS:
         _REPORTS[path] = _explain_fixture(path)
     return _REPORTS[path]
@@ -149,7 +150,7 @@ def test_switching_the_rule_off_turns_its_fixture_test_red(rule):
 @pytest.mark.parametrize("rule_id, path", _cases("neg"))
 def test_negative_fixture_does_not_rank_the_rule_cause_first(rule_id, path):
     rule = RULES_BY_ID[rule_id]
-    report = _explain_fixture(path)
+    report = _explain_positive(path)
     if report.findings and report.findings[0].cause == rule.cause:
         pytest.fail(f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
                     + describe(report), pytrace=False)
@@ -251,3 +252,35 @@ def test_duplicate_ids_across_files_are_reported(tmp_path):
     (tmp_path / "b.yaml").write_text(body, encoding="utf-8")
     problems = [str(p) for p in lint_rules(tmp_path)]
     assert any("same-id" in p for p in problems), f"duplicate id not reported: {problems}"
+
+
+# A value the template could not fill (`Rank ?`, `(?)`), a `None` outside code, an `(s)` plural.
+_PLACEHOLDER = re.compile(r"(?<![\w?\\])\?(?![\w?=:])|\bNone\b|\w\(s\)")
+# the render layer's own counters (issue 12, its own branch), not rule text
+_RENDER_BOILERPLATE = re.compile(r"more finding\(s\) shown briefly|finding\(s\) not shown|more file\(s\)")
+
+
+def _placeholder_lines(report) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from loradoctor.render.explain_view import explain_md, print_explain
+
+    quoted = [e.text[:60] for f in report.findings for e in f.evidence] + [e.text[:60] for e in report.unrecognised_tail]
+    con = Console(file=io.StringIO(), width=10_000, no_color=True, highlight=False)
+    print_explain(con, report, verbose=True)
+    bad = []
+    for kind, out in (("text", con.file.getvalue()), ("md", explain_md(report))):
+        for line in out.splitlines():
+            if _RENDER_BOILERPLATE.search(line) or any(q and q in line for q in quoted):
+                continue  # log lines are quoted as they are
+            if _PLACEHOLDER.search(re.sub(r"`[^`]*`", "", line)):  # code (`None`) is what it is
+                bad.append(f"{kind}: {line.strip()[:200]}")
+    return bad
+
+
+@pytest.mark.parametrize("rule_id, path", _cases("pos") + _cases("neg"))
+def test_rendered_findings_have_no_placeholder_tokens(rule_id, path):
+    bad = _placeholder_lines(_explain_positive(path))
+    assert not bad, f"{path.relative_to(ROOT)}: placeholder tokens in the rendered report:\n" + "\n".join(bad)

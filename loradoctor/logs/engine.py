@@ -17,13 +17,14 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from loradoctor.findings import Evidence, Finding
+from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, is_errorish, parse_oom_message)
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.condition import _dotted
+from loradoctor.logs.rules.templates import has_placeholders
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
@@ -637,11 +638,20 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         cause=rule.cause, rule=rule.id, severity=rule.severity, confidence=confidence,
         title=render_template(rule.title, values, first_match),
         summary=render_template(rule.summary, values, first_match), evidence=evidence, facts=copied,
-        fixes=list(rule.fixes), repro=rule.repro, references=list(rule.references),
+        fixes=[_filled_fix(f, values, first_match) for f in rule.fixes], repro=rule.repro, references=list(rule.references),
         area=rule.cause.split(".", 1)[0],
     )
     return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,
                       [group_of(n) for n in log_numbers + env_numbers], values)
+
+
+def _filled_fix(fix: Fix, values: dict[str, Any], match: Any) -> Fix:
+    """A fix with what the log names filled in (`kill {oom.other_pids|or:PID}` -> `kill 4242`);
+    line breaks and indentation of commands are kept."""
+    if not (has_placeholders(fix.text) or has_placeholders(fix.command)):
+        return fix
+    return Fix(text=render_template(fix.text, values, match),
+               command=render_template(fix.command, values, match, keep_lines=True) if fix.command else fix.command)
 
 
 def _order_key(c: _Candidate, use_time: bool) -> tuple:

@@ -242,13 +242,18 @@ class Condition:
             return ast.unparse(node)
 
         parts = []
+        compared = False
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Compare):
+                compared = True
+                names = [_dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+                if any(facts.get(n) is None for n in names if n):
+                    continue  # a comparison on a fact the input lacks was false: no reason, and no `?`
                 text = show(node.left)
                 for op, comp in zip(node.ops, node.comparators):
                     text += f" {_CMP_TEXT[type(op)]} {show(comp)}"
                 parts.append(text)
-        return "; ".join(parts) if parts else self.expr
+        return "; ".join(parts) if parts or compared else self.expr
 
 
 def _bin_symbol(op: ast.operator) -> str:

@@ -145,6 +145,8 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         if name not in KNOWN_FACT_SET:
             problems.append(f"facts: unknown fact {name!r} (see docs/facts.md)")
     problems.extend(f"summary: {p}" for p in check_template(rule.summary))
+    for i, fix in enumerate(rule.fixes):
+        problems.extend(f"fixes[{i}]: {p}" for p in check_template(fix.text) + check_template(fix.command or ""))
     problems.extend(f"title: {p}" for p in check_template(rule.title))
     return rule, problems
 
