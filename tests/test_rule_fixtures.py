@@ -1,26 +1,31 @@
 """The rule library against its fixtures (docs/rules.md "Fixtures"), in-process for speed.
 
 For every built-in rule: at least two positive and one negative fixture under
-fixtures/logs/<rule-id>/; on each positive the FIRST finding names the rule's cause, on each
-negative it does not. Also: every cause id of docs/causes.md is produced by some rule, every
+fixtures/logs/<rule-id>/ and an expect.yaml beside them (tests/rule_expect.py). On each positive the
+rule fires and quotes the line(s) its expectation marks; separately, the rule ranks first (or the
+sibling its expectation names under `first:`), naming the rule's cause; switching any one rule off
+turns its smallest positive fixture red. On each negative the first finding does not name the cause. Also: every cause id of docs/causes.md is produced by some rule, every
 repro id is known, and `rules lint` passes on rules/ and fails, naming the file, on broken rules.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import rule_expect
 from conftest import describe
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import builtin_rules_dir, lint_rules, load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "logs"
-RULES = sorted(load_rules(), key=lambda r: r.id)
+LIBRARY = load_rules()  # in load order, as explain uses them
+RULES = sorted(LIBRARY, key=lambda r: r.id)
 RULES_BY_ID = {r.id: r for r in RULES}
 
 
@@ -65,19 +70,87 @@ def test_no_fixture_folder_without_a_rule():
     assert not orphans, f"fixture folders with no rule of that id: {orphans}"
 
 
+_REPORTS: dict[Path, object] = {}
+
+
+def _explain_positive(path: Path):
+    # The fires, ranks-first, negative and wording tests read the same report; explain each fixture
+    # once per worker.
+    if path not in _REPORTS:
+        _REPORTS[path] = _explain_fixture(path)
+    return _REPORTS[path]
+
+
+@functools.lru_cache(maxsize=None)
+def _expectations(rule_id: str) -> dict:
+    return rule_expect.read(FIXTURES / rule_id)
+
+
+def _expectation(rule_id: str, path: Path):
+    return _expectations(rule_id).get(rule_expect.key_of(path))
+
+
 @pytest.mark.parametrize("rule_id, path", _cases("pos"))
-def test_positive_fixture_ranks_the_rule_cause_first(rule_id, path):
-    rule = RULES_BY_ID[rule_id]
-    report = _explain_fixture(path)
-    if not (report.findings and report.findings[0].cause == rule.cause):
-        pytest.fail(f"{path.relative_to(ROOT)}: expected the first finding to be {rule.cause} (rule {rule_id}); "
-                    "got:\n" + describe(report), pytrace=False)
+def test_positive_fixture_fires_the_rule_and_quotes_the_marked_line(rule_id, path):
+    problems = rule_expect.check_fires(_explain_positive(path), RULES_BY_ID[rule_id], path,
+                                       _expectation(rule_id, path))
+    if problems:
+        pytest.fail(f"{path.relative_to(ROOT)}: " + "; ".join(problems) + "\n" + describe(_explain_positive(path)),
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("rule_id, path", _cases("pos"))
+def test_positive_fixture_ranks_the_rule_first(rule_id, path):
+    # The rule itself first, naming its cause; `first: SIBLING` in expect.yaml names a sibling of the
+    # same cause that is meant to win on this fixture.
+    problems = rule_expect.check_first(_explain_positive(path), RULES_BY_ID[rule_id], path,
+                                       _expectation(rule_id, path))
+    if problems:
+        pytest.fail(f"{path.relative_to(ROOT)}: " + "; ".join(problems) + "\n" + describe(_explain_positive(path)),
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_expectations_cover_exactly_the_positive_fixtures(rule):
+    folder = FIXTURES / rule.id
+    keys = {rule_expect.key_of(p) for p in _fixtures(rule.id, "pos")}
+    written = set(_expectations(rule.id)) if folder.is_dir() else set()
+    assert written == keys, (f"fixtures/logs/{rule.id}/{rule_expect.EXPECT_FILE}: entries without a fixture "
+                             f"{sorted(written - keys)}, fixtures without an entry {sorted(keys - written)} "
+                             f"(python scripts/rule_expectations.py --bless {rule.id})")
+    for key, entry in _expectations(rule.id).items() if folder.is_dir() else ():
+        first = entry.get("first")
+        assert first is None or (first in RULES_BY_ID and first != rule.id), (
+            f"{rule.id}/{key}: `first: {first}` must name another built-in rule")
+        assert first is None or RULES_BY_ID[first].cause == rule.cause, (
+            f"{rule.id}/{key}: `first: {first}` names a rule of another cause "
+            f"({RULES_BY_ID[first].cause}); a positive fixture's first finding names the rule's cause")
+
+
+def _smallest_positive(rule_id: str) -> Path:
+    def size(p: Path) -> int:
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+
+    return min(_fixtures(rule_id, "pos"), key=lambda p: (size(p), p.name))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_switching_the_rule_off_turns_its_fixture_test_red(rule):
+    # The fixture tests can only catch a rotting rule if the rule's own expectation depends on it:
+    # the same check that passes with the whole library must fail with this one rule removed.
+    path = _smallest_positive(rule.id)
+    expect = _expectation(rule.id, path)
+    assert rule_expect.check_fires(_explain_positive(path), rule, path, expect) == [], f"{path} is not green to begin with"
+    without = [r for r in LIBRARY if r.id != rule.id]
+    report = explain([str(path)], rules=without)
+    assert rule_expect.check_fires(report, rule, path, expect), (
+        f"{path.relative_to(ROOT)} stays green with rule {rule.id} switched off:\n" + describe(report))
 
 
 @pytest.mark.parametrize("rule_id, path", _cases("neg"))
 def test_negative_fixture_does_not_rank_the_rule_cause_first(rule_id, path):
     rule = RULES_BY_ID[rule_id]
-    report = _explain_fixture(path)
+    report = _explain_positive(path)
     if report.findings and report.findings[0].cause == rule.cause:
         pytest.fail(f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
                     + describe(report), pytrace=False)
@@ -179,3 +252,35 @@ def test_duplicate_ids_across_files_are_reported(tmp_path):
     (tmp_path / "b.yaml").write_text(body, encoding="utf-8")
     problems = [str(p) for p in lint_rules(tmp_path)]
     assert any("same-id" in p for p in problems), f"duplicate id not reported: {problems}"
+
+
+# A value the template could not fill (`Rank ?`, `(?)`), a `None` outside code, an `(s)` plural.
+_PLACEHOLDER = re.compile(r"(?<![\w?\\])\?(?![\w?=:])|\bNone\b|\w\(s\)")
+# the render layer's own counters (issue 12, its own branch), not rule text
+_RENDER_BOILERPLATE = re.compile(r"more finding\(s\) shown briefly|finding\(s\) not shown|more file\(s\)")
+
+
+def _placeholder_lines(report) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from loradoctor.render.explain_view import explain_md, print_explain
+
+    quoted = [e.text[:60] for f in report.findings for e in f.evidence] + [e.text[:60] for e in report.unrecognised_tail]
+    con = Console(file=io.StringIO(), width=10_000, no_color=True, highlight=False)
+    print_explain(con, report, verbose=True)
+    bad = []
+    for kind, out in (("text", con.file.getvalue()), ("md", explain_md(report))):
+        for line in out.splitlines():
+            if _RENDER_BOILERPLATE.search(line) or any(q and q in line for q in quoted):
+                continue  # log lines are quoted as they are
+            if _PLACEHOLDER.search(re.sub(r"`[^`]*`", "", line)):  # code (`None`) is what it is
+                bad.append(f"{kind}: {line.strip()[:200]}")
+    return bad
+
+
+@pytest.mark.parametrize("rule_id, path", _cases("pos") + _cases("neg"))
+def test_rendered_findings_have_no_placeholder_tokens(rule_id, path):
+    bad = _placeholder_lines(_explain_positive(path))
+    assert not bad, f"{path.relative_to(ROOT)}: placeholder tokens in the rendered report:\n" + "\n".join(bad)

@@ -16,13 +16,15 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from loradoctor.findings import Evidence, Finding
+from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, RawPosition, is_errorish)
 from loradoctor.logs.factnames import group_of
-from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
+from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
+from loradoctor.logs.rules.condition import _dotted
+from loradoctor.logs.rules.templates import has_placeholders
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
@@ -34,6 +36,12 @@ LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings
 INERT_MAX_BYTES = 2048  # longer lines are not remembered as inert (they rarely repeat verbatim)
 LINE_CACHE_MAX_CHARS = 2048
 FIRST_BLOCK_BYTES = 512 << 10  # a small first block: rules that match every metric line saturate early
+# Regex time limits (built-in patterns take microseconds per line; these stop a user rule, or a
+# pattern gone wrong, from hanging explain): one search, all rules on one line, one rule on one input.
+MATCH_TIMEOUT_S = 0.05
+LINE_BUDGET_S = 0.25
+RULE_INPUT_BUDGET_S = 1.0
+MAX_BUDGET_NOTES = 10
 
 GROUP_NAMES = {
     "oom": "the OOM message", "memsum": "the memory summary", "metrics": "the training metrics",
@@ -93,11 +101,59 @@ class _RuleState:
     excluded: bool = False
 
 
+class MatchBudget:
+    """Regex time on one input: a search past MATCH_TIMEOUT_S is abandoned (the rule is skipped
+    for that line), a line past LINE_BUDGET_S skips its remaining rules, and a rule past
+    RULE_INPUT_BUDGET_S on this input is skipped for the rest of it. Each skip becomes a note on
+    the input (shown in the report)."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        self.spent_s: dict[int, float] = {}
+        self.skipped: set[int] = set()
+        self.notes: list[str] = []
+        self._more = 0
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_BUDGET_NOTES:
+            self.notes.append(text)
+        else:
+            self._more += 1
+
+    def finished_notes(self) -> list[str]:
+        return self.notes + ([f"... and {self._more} more skip(s) of the same kind"] if self._more else [])
+
+    def search(self, i: int, compiled, text: str, line: reader.Line):
+        """compiled.search(text) within the budgets; None when skipped. Budgets count this process's
+        CPU time, so a busy machine does not make a linear pattern look slow."""
+        started = time.process_time()
+        try:
+            for _ in range(2):
+                cpu_before = time.process_time()
+                try:
+                    return compiled.search(text, timeout=MATCH_TIMEOUT_S)
+                except TimeoutError:
+                    # the timeout is wall-clock: try once more when the search itself used little CPU
+                    if time.process_time() - cpu_before >= MATCH_TIMEOUT_S / 2:
+                        break
+            self.note(f"rule {self.rules[i].id} skipped on line {line.lineno}: its regex ran past "
+                      f"{MATCH_TIMEOUT_S * 1000:.0f} ms (linear patterns take microseconds)")
+            return None
+        finally:
+            spent = self.spent_s.get(i, 0.0) + time.process_time() - started
+            self.spent_s[i] = spent
+            if spent > RULE_INPUT_BUDGET_S and i not in self.skipped:
+                self.skipped.add(i)
+                self.note(f"rule {self.rules[i].id} skipped from line {line.lineno} on: its regexes took "
+                          f"{spent:.1f} s on this input (budget {RULE_INPUT_BUDGET_S:.0f} s)")
+
+
 class Matcher:
     """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
+        self.budget = MatchBudget(rules)
         targets: dict[tuple[str, bool], set] = {}
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
@@ -185,6 +241,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     changed = True  # some rule state changed since the last refresh of the literals
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
+        matcher.budget = MatchBudget(rules)
+        matcher.line_cache.clear()  # a result the budget cut short is not carried to another input
         base = 0
         done = 0
         ends_with_newline = True
@@ -265,6 +323,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
+        item.notes.extend(matcher.budget.finished_notes())
     return states
 
 
@@ -404,22 +463,29 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     matched = False
     if results is None:
         results = []
+        budget = matcher.budget
+        line_started = time.process_time()
         for kind, i, j in matcher.hits(text):
+            if i in budget.skipped:
+                continue
+            if time.process_time() - line_started > LINE_BUDGET_S:
+                budget.note(f"line {line.lineno}: rules skipped after {LINE_BUDGET_S * 1000:.0f} ms of matching")
+                break
             rule, state = rules[i], states[i]
             if kind == "p":
                 if len(state.matches) >= MAX_MATCH_EVIDENCE:
                     continue
                 m = None
                 for pattern in rule.compiled_patterns:
-                    m = pattern.search(text)
+                    m = budget.search(i, pattern, text, line)
                     if m:
                         break
                 results.append((kind, i, j, m))
             elif kind == "r":
                 if not state.required[j]:
-                    results.append((kind, i, j, rule.compiled_require[j].search(text)))
+                    results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
             elif not state.excluded:
-                results.append((kind, i, j, rule.compiled_exclude[j].search(text)))
+                results.append((kind, i, j, budget.search(i, rule.compiled_exclude[j], text, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()
@@ -515,11 +581,20 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         cause=rule.cause, rule=rule.id, severity=rule.severity, confidence=confidence,
         title=render_template(rule.title, values, first_match),
         summary=render_template(rule.summary, values, first_match), evidence=evidence, facts=copied,
-        fixes=list(rule.fixes), repro=rule.repro, references=list(rule.references),
+        fixes=[_filled_fix(f, values, first_match) for f in rule.fixes], repro=rule.repro, references=list(rule.references),
         area=rule.cause.split(".", 1)[0],
     )
     return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,
                       [group_of(n) for n in log_numbers + env_numbers], values)
+
+
+def _filled_fix(fix: Fix, values: dict[str, Any], match: Any) -> Fix:
+    """A fix with what the log names filled in (`kill {oom.other_pids|or:PID}` -> `kill 4242`);
+    line breaks and indentation of commands are kept."""
+    if not (has_placeholders(fix.text) or has_placeholders(fix.command)):
+        return fix
+    return Fix(text=render_template(fix.text, values, match),
+               command=render_template(fix.command, values, match, keep_lines=True) if fix.command else fix.command)
 
 
 def _order_key(c: _Candidate, use_time: bool) -> tuple:

@@ -8,7 +8,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     # oom
     "oom.count", "oom.era", "oom.device_index", "oom.requested_bytes", "oom.total_bytes", "oom.free_bytes",
     "oom.allocated_bytes", "oom.reserved_bytes", "oom.reserved_unallocated_bytes", "oom.private_pool_bytes",
-    "oom.allowed_bytes", "oom.this_process_bytes", "oom.other_process_bytes", "oom.other_process_count",
+    "oom.allowed_bytes", "oom.this_process_bytes", "oom.other_process_bytes", "oom.other_process_count", "oom.other_pids",
     "oom.other_unaccounted_bytes", "oom.non_pytorch_bytes", "oom.hint", "oom.phase", "oom.step",
     "oom.step_fraction",
     # memsum

@@ -71,6 +71,7 @@ class Input:
     ranks: set = field(default_factory=set)
     index: int = 0
     wrap_width: Optional[int] = None  # hard-wrapped at this many columns (a console copy): lines rejoined
+    notes: list = field(default_factory=list)  # what the engine skipped in this input (a rule past its time budget)
 
     def to_dict(self) -> dict:
         ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
@@ -78,6 +79,8 @@ class Input:
                "compressed": self.compressed, "ranks": ranks}
         if self.wrap_width:
             out["wrap_width"] = self.wrap_width
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
 

@@ -62,6 +62,11 @@ def inputs_line(inputs: Sequence[dict[str, Any]], max_listed: int = 4) -> str:
     return f"Read {noun}: {text}" if len(inputs) > 1 else f"Read {text}"
 
 
+def input_notes(inputs: Sequence[dict[str, Any]]) -> list[str]:
+    """What the engine skipped, per input (a rule past its regex time budget)."""
+    return [f"{i.get('path')}: {note}" for i in inputs for note in i.get("notes") or ()]
+
+
 def _input_dicts(inputs: Iterable[Any]) -> list[dict[str, Any]]:
     """Inputs as plain dicts, whether the engine gives dicts or reader.Input objects."""
     return [i.to_dict() if hasattr(i, "to_dict") else dict(i) for i in inputs]
@@ -82,6 +87,8 @@ def print_explain(con: Any, report: Any, verbose: bool = False, top: Optional[in
     found = diagnoses(findings)
     con.print(f"[bold]{escape(verdict_line(findings))}[/]")
     con.print(f"[dim]{escape(inputs_line(_input_dicts(report.inputs)))}[/]")
+    for note in input_notes(_input_dicts(report.inputs)):
+        con.print(f"[yellow]Note:[/] {escape(note)}")
     con.print()
 
     if not found:
@@ -150,6 +157,9 @@ def explain_md(report: Any, top: Optional[int] = None) -> str:
     pre.append("Inputs:")
     pre.append("")
     pre += [f"- `{_input_label(i).replace(chr(96), chr(39))}`" for i in _input_dicts(report.inputs)] or ["- (none)"]
+    notes = input_notes(_input_dicts(report.inputs))
+    if notes:
+        pre += [""] + [f"Note: {n}" for n in notes]
     if not diagnoses(report.findings):
         pre += ["", "Last error-looking lines:", "", "```"]
         pre += [f"{e.where()}: {e.text}" for e in report.unrecognised_tail] or ["(none)"]

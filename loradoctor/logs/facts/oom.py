@@ -35,6 +35,7 @@ class OomMessage:
     this_process_bytes: Optional[int] = None
     other_process_bytes: Optional[int] = None
     other_process_count: Optional[int] = None
+    other_pids: Optional[str] = None  # the PIDs of those clauses, space-separated (for `kill`)
     other_unaccounted_bytes: Optional[int] = None
     non_pytorch_bytes: Optional[int] = None
     hint: Optional[str] = None
@@ -155,11 +156,13 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
-    others = [_size(p.group(2)) for p in _OOM_PROCESS_RE.finditer(rest)]
-    others = [o for o in others if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
+    clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)]
+    clauses = [(pid, o) for pid, o in clauses if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
+    others = [o for _, o in clauses]
     if others:
         msg.other_process_bytes = sum(others)
         msg.other_process_count = len(others)
+        msg.other_pids = " ".join(dict.fromkeys(pid for pid, _ in clauses))
     this = _OOM_THIS_RE.search(rest)
     if this:
         msg.this_process_bytes = _size(this.group(1))

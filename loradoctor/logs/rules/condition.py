@@ -5,6 +5,7 @@ parsed and checked once, evaluated against the facts, and described with their v
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from typing import Any, Iterable, Mapping, Optional
@@ -63,6 +64,37 @@ class ConditionError(ValueError):
     pass
 
 
+MAX_MAGNITUDE = 1e30  # a result beyond this (or not finite) is no fact about a training run: missing
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return MISSING
+    return value if abs(value) <= MAX_MAGNITUDE else MISSING
+
+
+def _numeric_operand(node: ast.AST, op: str) -> None:
+    """Refuse at load time what evaluation would refuse: arithmetic on a string, a list, a truth
+    value or a comparison. Fact names and numbers (and arithmetic on them) pass; a fact that turns
+    out not to be a number makes the arithmetic missing at evaluation."""
+    if isinstance(node, ast.Constant) and _is_number(node.value):
+        return
+    if isinstance(node, (ast.Attribute, ast.BinOp)):
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return
+    what = {ast.Constant: "a constant", ast.List: "a list", ast.Tuple: "a list", ast.Compare: "a comparison",
+            ast.BoolOp: "an and/or", ast.Call: "a helper call", ast.UnaryOp: "a not"}.get(type(node), "this")
+    if isinstance(node, ast.Constant):
+        what = "a string" if isinstance(node.value, str) else f"the constant {node.value!r}"
+    raise ConditionError(f"arithmetic ({op}) only between numbers and fact names, not {what}: {ast.unparse(node)[:40]!r}")
+
+
 class Condition:
     """A compiled `when` expression. Only the constructs of docs/rules.md are accepted: fact names,
     numbers (with size units), strings, lists, and/or/not, comparisons, in, + - * /, and the
@@ -92,6 +124,8 @@ class Condition:
             for v in node.values:
                 self._check(v, in_defined)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd)):
+            if not isinstance(node.op, ast.Not):
+                _numeric_operand(node.operand, "-" if isinstance(node.op, ast.USub) else "+")
             self._check(node.operand, in_defined)
         elif isinstance(node, ast.Compare):
             for op in node.ops:
@@ -102,6 +136,8 @@ class Condition:
         elif isinstance(node, ast.BinOp):
             if type(node.op) not in _BIN:
                 raise ConditionError(f"operator {type(node.op).__name__} is not allowed (use + - * /)")
+            for side in (node.left, node.right):
+                _numeric_operand(side, _OP_TEXT[type(node.op)])
             self._check(node.left, in_defined)
             self._check(node.right, in_defined)
         elif isinstance(node, ast.Constant):
@@ -148,12 +184,9 @@ class Condition:
             value = self._eval(node.operand, facts)
             if isinstance(node.op, ast.Not):
                 return not value
-            if value is MISSING:
+            if not _is_number(value):
                 return MISSING
-            try:
-                return -value if isinstance(node.op, ast.USub) else +value
-            except TypeError:
-                return MISSING
+            return _bounded(-value if isinstance(node.op, ast.USub) else +value)
         if isinstance(node, ast.Compare):
             left = self._eval(node.left, facts)
             for op, comp in zip(node.ops, node.comparators):
@@ -169,11 +202,11 @@ class Condition:
             return True
         if isinstance(node, ast.BinOp):
             a, b = self._eval(node.left, facts), self._eval(node.right, facts)
-            if a is MISSING or b is MISSING:
-                return MISSING
+            if not (_is_number(a) and _is_number(b)):
+                return MISSING  # arithmetic only between numbers: never 'x' * 10**10 or [0] * 10**12
             try:
-                return _BIN[type(node.op)](a, b)
-            except (TypeError, ZeroDivisionError, OverflowError):
+                return _bounded(_BIN[type(node.op)](a, b))
+            except (ZeroDivisionError, OverflowError):
                 return MISSING
         if isinstance(node, ast.Constant):
             return node.value
@@ -209,13 +242,18 @@ class Condition:
             return ast.unparse(node)
 
         parts = []
+        compared = False
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Compare):
+                compared = True
+                names = [_dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+                if any(facts.get(n) is None for n in names if n):
+                    continue  # a comparison on a fact the input lacks was false: no reason, and no `?`
                 text = show(node.left)
                 for op, comp in zip(node.ops, node.comparators):
                     text += f" {_CMP_TEXT[type(op)]} {show(comp)}"
                 parts.append(text)
-        return "; ".join(parts) if parts else self.expr
+        return "; ".join(parts) if parts or compared else self.expr
 
     def held_parts(self, facts: Mapping[str, Any], limit: int) -> tuple[list[str], bool]:
         """The comparisons that held on numeric facts, each described with its values (`describe`),

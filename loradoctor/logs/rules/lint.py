@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from loradoctor.logs.rules.load import _collect
+from loradoctor.logs.rules.redos import timed_regex_problems
 from loradoctor.logs.rules.schema import builtin_rules_dir
+
+
 
 def lint_rules(folder: "str | Path | None" = None) -> list[str]:
     """Every problem in a rules folder (default: the built-in one), one line each; [] when clean.
@@ -14,6 +17,7 @@ def lint_rules(folder: "str | Path | None" = None) -> list[str]:
     if not target.is_dir():
         return [f"{target}: not a folder"]
     rules, problems = _collect([target])
+    problems += timed_regex_problems(rules)
     builtin = builtin_rules_dir()
     if target.resolve() != builtin.resolve():
         builtin_rules, _ = _collect([builtin])

@@ -10,6 +10,7 @@ from typing import Optional
 from loradoctor.findings import Fix, confidence_value
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.condition import Condition, ConditionError
+from loradoctor.logs.rules.redos import static_problems
 from loradoctor.logs.rules.literals import _literals_for
 from loradoctor.logs.rules.templates import check_template
 
@@ -119,6 +120,8 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
                 compiled.append(_compile_regex(p))
             except Exception as exc:
                 problems.append(f"{fname}[{i}]: regex {p!r} does not compile: {exc}")
+                continue
+            problems.extend(f"{fname}[{i}]: {problem}" for problem in static_problems(p))
         setattr(rule, {"patterns": "compiled_patterns", "require_all": "compiled_require",
                        "exclude": "compiled_exclude"}[fname], compiled)
     if not rule.patterns and not rule.when:
@@ -142,6 +145,8 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         if name not in KNOWN_FACT_SET:
             problems.append(f"facts: unknown fact {name!r} (see docs/facts.md)")
     problems.extend(f"summary: {p}" for p in check_template(rule.summary))
+    for i, fix in enumerate(rule.fixes):
+        problems.extend(f"fixes[{i}]: {p}" for p in check_template(fix.text) + check_template(fix.command or ""))
     problems.extend(f"title: {p}" for p in check_template(rule.title))
     return rule, problems
 

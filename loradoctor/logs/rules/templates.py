@@ -9,8 +9,9 @@ from typing import Any, Mapping, Optional
 from loradoctor.logs.factnames import BYTES_FACTS, FRACTION_FACTS, KNOWN_FACT_SET
 from loradoctor.units import format_bytes, gib
 
-_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][\w.]*)(?:\|([a-z]+))?\}")
-FILTERS = ("bytes", "gib", "pct")
+# `{fact.name}`, `{fact.name|filter}`, `{match.1|or:PID}` (`or:` prints a stand-in instead of leaving a gap)
+_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][\w.]*)(?:\|([a-z]+)(?::([^{}|\n]*))?)?\}")
+FILTERS = ("bytes", "gib", "pct", "or")
 
 
 def format_value(name: str, value: Any, filt: Optional[str] = None) -> str:
@@ -54,14 +55,19 @@ def check_template(template: str) -> list[str]:
 _OPTIONAL_RE = re.compile(r"\[\[(.*?)\]\]", re.S)
 
 
-def render_template(template: str, facts: Mapping[str, Any], match: Any = None) -> str:
+def render_template(template: str, facts: Mapping[str, Any], match: Any = None, keep_lines: bool = False) -> str:
     """Fill `{fact.name|filter}` and `{match.N}` / `{match.name}`; a missing value prints `?`,
     except inside `[[ ... ]]`, an optional part left out whole when any value in it is missing
-    (`[[ (joined {match.1} of {match.2})]]`)."""
+    (`[[ (joined {match.1} of {match.2})]]`), and `{name|or:WORD}`, which prints WORD instead
+    (`kill {oom.other_pids|or:PID}`). keep_lines keeps line breaks and indentation (fix commands);
+    otherwise whitespace runs become one space."""
     missing: list[bool] = []
 
     def fill(m: re.Match) -> str:
         name, filt = m.group(1), m.group(2)
+        if filt == "or":
+            value = _lookup(name, facts, match)
+            return m.group(3) or "" if value is None else format_value(name, value)
         if name.startswith("match."):
             key = name[6:]
             value = None
@@ -85,5 +91,21 @@ def render_template(template: str, facts: Mapping[str, Any], match: Any = None) 
 
     text = _OPTIONAL_RE.sub(optional, template)
     text = _PLACEHOLDER_RE.sub(fill, text)
-    return " ".join(text.split())
+    return text if keep_lines else " ".join(text.split())
+
+
+def _lookup(name: str, facts: Mapping[str, Any], match: Any) -> Any:
+    if not name.startswith("match."):
+        return facts.get(name)
+    if match is None:
+        return None
+    key = name[6:]
+    try:
+        return match.group(int(key) if key.isdigit() else key)
+    except (IndexError, KeyError, ValueError):
+        return None
+
+
+def has_placeholders(template: Optional[str]) -> bool:
+    return bool(template) and _PLACEHOLDER_RE.search(template) is not None
 
