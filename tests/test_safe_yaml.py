@@ -120,3 +120,16 @@ def test_read_text_strips_the_bom(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_bytes(codecs.BOM_UTF8 + b"a: 1\n")
     assert read_text(path) == "a: 1\n"
+
+
+def test_a_model_config_json_goes_through_the_same_reader(tmp_path):
+    from loradoctor.estimate.arch import resolve_arch
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(b"\x87\x00binary" * 50)
+    with pytest.raises(UserError, match="not a text file"):
+        resolve_arch(str(folder))
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="nested too deeply"):
+        resolve_arch(str(folder))
