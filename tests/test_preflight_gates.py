@@ -119,3 +119,27 @@ def test_cli_conflicting_configs_and_framework_keys_in_the_output(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "note: batch: 2 in first.yaml, 16 in second.yaml; second.yaml wins" in out.stdout
     assert "micro_batch_size: 8, gradient_accumulation_steps: 2" in out.stdout  # the fix in axolotl's words
+
+
+def test_a_reader_that_stops_early_does_not_change_the_exit_code(tmp_path):
+    """`loradoctor preflight ... | head -1` under pipefail: the verdict decides the code, not the pipe."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    snap = _write(tmp_path, NO_GPU)
+    for args, code in ((("preflight", "--snapshot", str(snap), "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100"), 0),
+                       (("preflight", "--snapshot", str(snap), "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100",
+                         "--format", "json"), 0),
+                       (("estimate", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "T4", "--no-what-if"), 1)):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before anything is written
+        try:
+            out = subprocess.run([sys.executable, "-m", "loradoctor", *args], stdout=write_end, stderr=subprocess.PIPE,
+                                 text=True, cwd=str(ROOT), timeout=120, env={**os.environ, "NO_COLOR": "1"})
+        finally:
+            os.close(write_end)
+        assert out.returncode == code, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr

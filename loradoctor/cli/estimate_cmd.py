@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,6 +63,37 @@ def resolve_from_options(kwargs: dict[str, Any]):
     return resolve_inputs(cli, kwargs.get("config") or [])
 
 
+def _quiet_on_broken_pipe() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _text_console() -> Any:
+    """The terminal console, except that a reader who stops early (`| head`) silences the rest instead of
+    rich's SystemExit(1): the verdict, not the pipe, decides the exit code."""
+    from loradoctor.render.terminal import console
+
+    con = console()
+
+    def on_broken_pipe() -> None:
+        con.quiet = True
+        _quiet_on_broken_pipe()
+
+    con.on_broken_pipe = on_broken_pipe
+    return con
+
+
+def _emit(write: Callable[[], None]) -> None:
+    """Run `write` (the rendering) and flush. On a broken pipe the rest of the output goes to /dev/null and
+    the command still exits with the verdict's code (0 go / fits, 1 will fail), not 1 for any broken pipe."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_on_broken_pipe()
+
+
 def _check_format(fmt: str) -> None:
     if fmt not in ("text", "json"):
         raise UserError(f"--format must be text or json, not {fmt!r}")
@@ -90,12 +123,11 @@ def _estimate(**kw: Any) -> None:
         from loradoctor.render.estimate_view import estimate_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(estimate_document(est, result, provenance, problems)))
+        _emit(lambda: typer.echo(dumps(estimate_document(est, result, provenance, problems))))
     else:
         from loradoctor.render.estimate_view import print_estimate
-        from loradoctor.render.terminal import console
 
-        print_estimate(console(), est, result, provenance, assumed(provenance, est.inputs.method), problems)
+        _emit(lambda: print_estimate(_text_console(), est, result, provenance, assumed(provenance, est.inputs.method), problems))
     if result is not None and (result.verdict == "does not fit" or problems):
         raise typer.Exit(1)
 
@@ -144,12 +176,11 @@ def _preflight(**kw: Any) -> None:
         from loradoctor.render.estimate_view import preflight_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(preflight_document(out, provenance)))
+        _emit(lambda: typer.echo(dumps(preflight_document(out, provenance))))
     else:
         from loradoctor.render.estimate_view import print_preflight
-        from loradoctor.render.terminal import console
 
-        print_preflight(console(), out, provenance)
+        _emit(lambda: print_preflight(_text_console(), out, provenance))
     raise typer.Exit(0 if out.go else 1)
 
 
