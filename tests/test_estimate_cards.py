@@ -96,3 +96,16 @@ def test_estimate_cli_ambiguous_card_and_vram_without_unit_exit_2():
     assert out.returncode == 2 and "24GB or 24GiB" in out.stderr
     help_text = run_cli("estimate", "--help").stdout
     assert "24GB and 24GiB both mean" in " ".join(help_text.split())
+
+
+def test_local_gpu_index_must_exist(monkeypatch):
+    from loradoctor.env.probes import nvidia
+    from loradoctor.estimate.inputs import gpu_budget
+
+    section = {"gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 4090", "compute_capability": "8.9",
+                         "memory_total_bytes": 25_757_220_864, "memory_free_bytes": 20 * 2**30}]}
+    monkeypatch.setattr(nvidia, "probe", lambda timeout_s: section)
+    assert gpu_budget("local:0", None).memory_bytes == 20 * 2**30
+    for spec, words in (("local:-1", "0 or more"), ("local:3", "this machine has GPU 0"), ("local:x", "0 or more")):
+        with pytest.raises(UserError, match=words):
+            gpu_budget(spec, None)

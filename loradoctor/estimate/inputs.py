@@ -201,13 +201,17 @@ def local_gpu(spec: str = "local"):
     from loradoctor.estimate.fit import gpu_from_snapshot
 
     _, _, index_text = spec.partition(":")
-    try:
-        index = int(index_text) if index_text.strip() else 0
-    except ValueError:
-        raise UserError(f"--gpu {spec}: the index after 'local:' must be a number") from None
+    text = index_text.strip()
+    if text and not text.isdigit():
+        raise UserError(f"--gpu {spec}: the index after 'local:' must be 0 or more (the index nvidia-smi shows)")
+    index = int(text) if text else 0
     from loradoctor.env.probes import nvidia
 
     section = nvidia.probe(timeout_s=10.0)
+    listed = [g for g in (section.get("gpus") or []) if isinstance(g, dict)] if isinstance(section, dict) else []
+    if text and listed and not any(g.get("index") == index for g in listed):
+        have = ", ".join(str(g.get("index")) for g in listed)
+        raise UserError(f"--gpu {spec}: this machine has GPU {have}")
     gpu = gpu_from_snapshot({"nvidia": section}, index)
     if gpu is None:
         reason = section.get("error") if isinstance(section, dict) else None
