@@ -109,3 +109,9 @@ def test_local_gpu_index_must_exist(monkeypatch):
     for spec, words in (("local:-1", "0 or more"), ("local:3", "this machine has GPU 0"), ("local:x", "0 or more")):
         with pytest.raises(UserError, match=words):
             gpu_budget(spec, None)
+
+
+def test_vram_verdict_says_features_were_not_checked():
+    out = run_cli("estimate", "--model", "Qwen/Qwen2.5-0.5B", "--seq-len", "512", "--vram", "16GB", "--no-what-if")
+    assert out.returncode == 0 and "FITS on 16GB card (16.00 GiB, vram)" in out.stdout
+    assert "was not checked" in " ".join(out.stdout.split())

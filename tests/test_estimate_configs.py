@@ -160,3 +160,48 @@ def test_fixes_are_spelled_in_the_framework_own_keys():
     assert spell_fix("--targets q_proj,v_proj", {"targets": "adapter_config"}, "training_args") == (
         '"target_modules": ["q_proj", "v_proj"]', {"adapter_config"})
     assert spell_fix("--method qlora --quant nf4 --double-quant", {}, "axolotl")[0] == "adapter: qlora, load_in_4bit: true"
+
+
+# --- fuzz: any value under any key a reader uses -> options or one line, never a traceback ------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from loradoctor.estimate.configs import FIELDS  # noqa: E402
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
+                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                     st.sampled_from(["auto", "true", "4", "nf4", "all", "q_proj,v_proj", "1e3", "-0", "16.0"]))
+_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3), st.dictionaries(st.text(max_size=5), _SCALARS, max_size=2))
+_MARKERS = {"axolotl": {"base_model": "meta-llama/Llama-3.1-8B"},
+            "llamafactory": {"model_name_or_path": "meta-llama/Llama-3.1-8B", "finetuning_type": "lora"},
+            "training_args": {"output_dir": "out", "model_name_or_path": "meta-llama/Llama-3.1-8B"},
+            "adapter_config": {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.1-8B"}}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from(sorted(FIELDS)), data=st.data())
+def test_any_value_gives_options_or_one_line(tmp_path, fmt, data):
+    import json
+
+    settings_ = dict(_MARKERS[fmt])
+    keys = data.draw(st.lists(st.sampled_from(sorted(FIELDS[fmt])), min_size=1, max_size=4, unique=True))
+    for key in keys:
+        settings_[key] = data.draw(_VALUES)
+    path = tmp_path / ("c.json" if fmt in ("training_args", "adapter_config") else "c.yaml")
+    try:
+        text = json.dumps(settings_)  # JSON is YAML; NaN / Infinity are written as the YAML reader sees them
+    except ValueError:
+        return
+    path.write_text(text.replace("NaN", ".nan").replace("-Infinity", "-.inf").replace("Infinity", ".inf")
+                    if path.suffix == ".yaml" else text)
+    try:
+        resolve_inputs({}, [path])
+    except UserError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 600
+
+
+def test_llamafactory_quantization_bits_other_than_4_or_8_are_refused(tmp_path):
+    path = tmp_path / "lf.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nfinetuning_type: lora\nquantization_bit: 3\n")
+    with pytest.raises(UserError, match=r"lf\.yaml: quantization_bit: 3 is not modelled"):
+        read_config(path)

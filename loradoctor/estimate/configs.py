@@ -111,6 +111,8 @@ def read_llamafactory(cfg: dict[str, Any]) -> dict[str, Any]:
         out["double_quant"] = _truthy(cfg.get("double_quantization", True))
     elif qbit is not None and int(qbit) == 8:
         out["quant"] = "8bit"
+    elif qbit is not None:  # 2/3/5/6 bits are HQQ / EETQ / AQLM back-ends: another memory layout
+        raise ConfigValueError(f"quantization_bit: {qbit} is not modelled (bitsandbytes 4 or 8 bit only)")
     rank = cfg.get("lora_rank")
     _put(out, "rank", rank)
     alpha = cfg.get("lora_alpha")

@@ -144,6 +144,12 @@ def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str,
             con.print(f"      in {escape(spelled)}")
     else:
         con.print(f"[{style}]{fit.verdict.upper()}[/] on {card}: {room}")
+        if fit.gpu.source == "vram":
+            from loradoctor.estimate.cards import required_features
+
+            if required_features(est.inputs):
+                con.print("   [dim]note: --vram gives a size only: whether the card has bf16 / FlashAttention 2 was not "
+                          "checked (pass --gpu NAME for that)[/]")
     if fit.max_batch is not None or fit.max_seq_len is not None:
         mb = fit.max_batch if fit.max_batch is not None else "none (batch 1 does not fit)"
         ms = fit.max_seq_len if fit.max_seq_len is not None else "none"
