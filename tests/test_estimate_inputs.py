@@ -66,3 +66,16 @@ def test_readme_first_example_fits_and_qlora_is_below_lora():
 def test_command_line_numbers_have_bounds(key, value):
     with pytest.raises(UserError, match="--" + key.replace("_", "-")):
         resolve_inputs({"model": LLAMA, key: value})
+
+
+def test_gradient_checkpointing_default_of_config_frameworks(tmp_path):
+    """axolotl and TRL pass their own (unset: off) setting to prepare_model_for_kbit_training."""
+    axolotl = tmp_path / "axolotl.yaml"
+    axolotl.write_text(f"base_model: {LLAMA}\nadapter: qlora\nload_in_4bit: true\n")
+    inputs, source = resolve_inputs({}, [axolotl])
+    assert inputs.gradient_checkpointing is False and "axolotl" in source["gradient_checkpointing"]
+    adapter = tmp_path / "adapter_config.json"
+    adapter.write_text('{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"], '
+                       f'"base_model_name_or_path": "{LLAMA}"}}')
+    inputs, source = resolve_inputs({"quant": "nf4"}, [adapter])  # a plain PEFT script
+    assert inputs.gradient_checkpointing is True and "PEFT" in source["gradient_checkpointing"]

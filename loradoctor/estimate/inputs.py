@@ -62,11 +62,21 @@ CLI_BOUNDS: dict[str, tuple[int, int]] = {"rank": (1, 100_000), "alpha": (0, 10_
                                          "seq_len": (1, 10_000_000), "grad_accum": (1, 1_000_000)}
 
 
-def default_gradient_checkpointing(method: str, quant: str, framework: str) -> tuple[bool, str]:
-    """What the framework does when nobody sets gradient checkpointing, and why (said in the output)."""
-    if framework == "hf" and (method == "qlora" or quant != "none"):
-        return True, "on, as PEFT's prepare_model_for_kbit_training turns it on for a quantized base"
-    return False, "off, as TrainingArguments" if framework == "hf" else f"off, as {framework}"
+def default_gradient_checkpointing(method: str, quant: str, framework: str,
+                                   config_formats: Iterable[str] = ()) -> tuple[bool, str]:
+    """What the framework does when nobody sets gradient checkpointing, and why (said in the output).
+    PEFT's prepare_model_for_kbit_training turns it on unless told otherwise; axolotl and TRL pass their own
+    (unset: off) gradient_checkpointing setting to it."""
+    formats = set(config_formats)
+    if framework != "hf":
+        return False, f"off, as {framework}"
+    if method != "qlora" and quant == "none":
+        return False, "off, as TrainingArguments"
+    if "axolotl" in formats:
+        return False, "off, as axolotl passes its unset gradient_checkpointing to prepare_model_for_kbit_training"
+    if "training_args" in formats:
+        return False, "off, as TrainingArguments (TRL passes it to prepare_model_for_kbit_training)"
+    return True, "on, as PEFT's prepare_model_for_kbit_training turns it on for a quantized base"
 
 
 def _flag(key: str) -> str:
@@ -131,7 +141,8 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
     _combination(values, source)
     method = str(values["method"]).lower()
     if source.get("gradient_checkpointing") == "default":
-        on, why = default_gradient_checkpointing(method, quant, str(values["framework"]).lower())
+        on, why = default_gradient_checkpointing(method, quant, str(values["framework"]).lower(),
+                                                 [fmt for _, fmt in source.configs])
         values["gradient_checkpointing"] = on
         source["gradient_checkpointing"] = f"default: {why}"
     rank = int(values["rank"])
