@@ -143,3 +143,10 @@ def test_a_reader_that_stops_early_does_not_change_the_exit_code(tmp_path):
             os.close(write_end)
         assert out.returncode == code, (args, out.stderr)
         assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr
+
+
+def test_preflight_states_the_gradient_checkpointing_default(tmp_path):
+    snap = _write(tmp_path, HEALTHY_SNAPSHOT)
+    out = run_cli("preflight", "--snapshot", str(snap), "--model", "meta-llama/Llama-3.1-8B", "--method", "qlora")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gradient_checkpointing (on, as PEFT's prepare_model_for_kbit_training" in out.stdout

@@ -204,6 +204,12 @@ def print_preflight(con: Any, out: Any, provenance: Any = None) -> None:
         con.print("[bold]environment[/] [green]no problems found by the quick checks[/]")
     if est is not None:
         con.print(f"[bold]memory[/] {escape(est.inputs.arch.name)}: {escape(_inputs_line(est))}")
+        if provenance is not None:
+            from loradoctor.estimate.inputs import assumed
+
+            defaults = assumed(provenance, est.inputs.method)
+            if defaults:
+                con.print(f"   [yellow]assumed defaults:[/] {escape(', '.join(defaults))}")
         for note in input_notes(provenance) + list(out.notes):
             con.print(f"   [yellow]note:[/] {escape(note)}")
         low, high = est.band
