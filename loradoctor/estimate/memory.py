@@ -512,7 +512,10 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
     else:
         attn_mlp_inputs = a * h * (1 if arch.parallel_residual else 2) + (a * h * k_active if arch.experts else 0)
     flash_like = inp.attn in ("flash_attention_2", "xformers")
-    o_input = 0 if (flash_like and not per_module_copies) else a * qd
+    # flash-attn, xformers and sdpa's flash / efficient kernels write their output in (batch, seq, heads, dim)
+    # order: the reshape feeding o_proj is a view of the output attention saved (checked for sdpa on CPU)
+    o_shared = flash_like or inp.attn == "sdpa"
+    o_input = 0 if (o_shared and not per_module_copies) else a * qd
     linear_inputs = attn_mlp_inputs + o_input + a * width
     keepers = 0
     if inp.method == "full":
@@ -560,6 +563,14 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
             for name, fin, fout, _ in lora_modules(arch, tuple(layer_targets)):
                 mult = k_active if (arch.experts and name in ("gate_proj", "up_proj", "down_proj")) else 1
                 lora += mult * _peft_module_saved(inp, name, fin, fout)
+            if inp.peft != "ia3" and _lora_saved_per_input(inp, 1) == 0 and not keepers:
+                # no cast and no dropout: lora_A keeps the module's own input, one storage per input shared by
+                # the targets reading it (q/k/v, gate/up); under flash attention o_proj's input is the saved output
+                shared = {"qkv_proj": "attn", "q_proj": "attn", "k_proj": "attn", "v_proj": "attn",
+                          "gate_up_proj": "mlp", "gate_proj": "mlp", "up_proj": "mlp", "o_proj": "o", "down_proj": "down"}
+                groups = {shared.get(t, t) for t in layer_targets}
+                widths = {"attn": h, "mlp": h * k_active, "o": 0 if o_shared else qd, "down": width}
+                lora += sum(a * widths.get(g, h) for g in groups)
     parts["lora"] = lora
     return parts
 
