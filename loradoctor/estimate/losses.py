@@ -16,6 +16,9 @@ tensors exist at its peak moment:
   ``chunk = next_pow2(ceil(tokens / ceil(V / h)))``, materialises that chunk's logits (a x chunk x V),
   turns them into their gradient in place, and accumulates the gradient of the hidden states
   (``zeros_like(hidden)``, in the hidden states' dtype) which it keeps for backward; an fp32 loss per token.
+* ``fused-ce``: an in-place cross-entropy on materialised half-precision logits (Liger's ``cross_entropy``,
+  Unsloth's ``fast_cross_entropy_loss`` as axolotl patches it): the kernel writes the gradient into the logits
+  in the forward, so only the half-precision logits exist (a bytes per logit).
 * ``unsloth``: Unsloth's fused loss (``unsloth_zoo`` fused CE): the same shape of computation as Liger's
   (token chunks, gradient of the hidden states computed in the forward), modelled with Liger's chunking.
 
@@ -29,7 +32,7 @@ from typing import Optional
 
 from loradoctor.errors import UserError
 
-LOSSES = ("standard", "cce", "liger-flce", "chunked", "unsloth")
+LOSSES = ("standard", "cce", "liger-flce", "chunked", "unsloth", "fused-ce")
 DEFAULT_CHUNKS = 8  # torchtune's num_output_chunks
 
 
@@ -41,9 +44,9 @@ def parse_loss(text: Optional[str]) -> tuple[Optional[str], int]:
     name, _, arg = key.partition(":")
     name = {"liger": "liger-flce", "flce": "liger-flce", "liger-fused-linear-cross-entropy": "liger-flce",
             "cut-cross-entropy": "cce", "cut": "cce", "hf": "standard", "default": "standard",
-            "torchtune": "chunked"}.get(name, name)
+            "torchtune": "chunked", "liger-ce": "fused-ce", "inplace-ce": "fused-ce"}.get(name, name)
     if name not in LOSSES:
-        raise UserError(f"--loss must be one of standard, cce, liger-flce, chunked[:N], unsloth; not {text!r}")
+        raise UserError(f"--loss must be one of standard, cce, liger-flce, chunked[:N], unsloth, fused-ce; not {text!r}")
     if name != "chunked":
         if arg:
             raise UserError(f"--loss {text!r}: only chunked takes a number of chunks (chunked:8)")
@@ -90,6 +93,8 @@ def loss_peak_bytes(kind: str, chunks: int, tokens: int, hidden: int, vocab: int
         else:
             per_logit = a + (4 if compiled else 12) / chunks
         return int((per_logit + (a if softcap else 0)) * logits)
+    if kind == "fused-ce":
+        return int((a + (a if softcap else 0)) * logits)
     if kind == "cce":
         # saved hidden states + their gradient + fp32 lse; the classifier gradient is the caller's
         return int(tokens * (hidden_bytes * hidden + a * hidden + 4))
