@@ -205,3 +205,15 @@ def test_more_gpus_lower_the_per_gpu_peak_only_when_sharded():
         estimate(EstimateInputs(arch=LLAMA31, gpus=2, strategy="zero2", offload="params"))
     with pytest.raises(UserError):
         estimate(EstimateInputs(arch=LLAMA31, gpus=2, strategy="ddp", offload="optimizer"))
+
+
+def test_unsloth_defaults_double_quant_and_in_place_swiglu_backward():
+    inp = inputs(framework="unsloth", method="qlora", targets=ALL, gradient_checkpointing=True, seq_len=1024,
+                 loss="cce")
+    assert inp.double_quant is True  # Unsloth's loader sets bnb_4bit_use_double_quant=True
+    _, transient = activation_components(inp)
+    per_layer = sum(layer_activation_parts(inp).values())
+    dequant = 2 * H * I  # the widest 4-bit weight dequantized to bf16
+    # one intermediate-wide gradient (the rest written into the saved gate/up buffers) + hidden-wide gradients
+    expected = 1024 * (2 * I + 4 * 2 * H) + int(per_layer * 1024) + dequant
+    assert transient["one layer's backward (recomputed)"] == expected

@@ -204,6 +204,9 @@ def validate(inp: EstimateInputs) -> EstimateInputs:
         raise UserError("full fine-tuning of a quantized model is not possible; use --method qlora or --quant none")
     if inp.method == "lora" and quant in ("nf4", "fp4"):
         inp = replace(inp, method="qlora")
+    if inp.framework == "unsloth" and quant in ("nf4", "fp4") and not inp.double_quant:
+        # Unsloth's loader and its pre-quantized uploads set bnb_4bit_use_double_quant=True
+        inp = replace(inp, double_quant=True)
     if inp.framework == "litgpt" and inp.arch.tied:
         # litgpt (2023-2024) converts tied checkpoints into a separate lm_head copy
         inp = replace(inp, arch=replace(inp.arch, tied=False))
@@ -668,7 +671,10 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     # and the hidden state, attention's s x s gradients (eager / math), a dequantized weight for 4-bit
     # layers, DoRA's weight-norm temporaries (W + BA in fp32 and BA, for the widest target)
     width = arch.expert_width * (arch.experts_per_token if arch.experts else 1)
-    layer = int(tokens * (3 * a * width + 4 * a * arch.hidden)) + attention_transient_bytes(inp)
+    # Unsloth's SwiGLU backward writes its results into the saved gate / up buffers and the incoming gradient
+    # (in place): one intermediate-wide gradient instead of three
+    mlp_grads = 1 if inp.framework == "unsloth" else 3
+    layer = int(tokens * (mlp_grads * a * width + 4 * a * arch.hidden)) + attention_transient_bytes(inp)
     if inp.gradient_checkpointing:
         layer += int(per_layer * tokens)
     if inp.quant != "none" and not lm_head_quantized:
