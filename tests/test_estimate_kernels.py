@@ -217,3 +217,23 @@ def test_unsloth_defaults_double_quant_and_in_place_swiglu_backward():
     # one intermediate-wide gradient (the rest written into the saved gate/up buffers) + hidden-wide gradients
     expected = 1024 * (2 * I + 4 * 2 * H) + int(per_layer * 1024) + dequant
     assert transient["one layer's backward (recomputed)"] == expected
+
+
+def test_what_if_offers_loss_kernels_and_offloaded_checkpointing_where_the_stack_has_them():
+    from loradoctor.estimate.fit import fit, gpu_from_vram
+
+    inp = EstimateInputs(arch=LLAMA31, method="qlora", seq_len=8192, gradient_checkpointing=True)
+    est = estimate(inp)
+    advice = {c.option: c for c in fit(est.inputs, est, gpu_from_vram("16GB")).advice}
+    assert advice["--loss cce"].saves_bytes > 8 * 2**30  # 12 bytes x 8192 x 128256 logits, less CCE's own
+    assert advice["--loss liger-flce --liger"].saves_bytes > 8 * 2**30
+    assert "--offload-checkpoints" in advice
+    lit = EstimateInputs(arch=LLAMA31, method="qlora", seq_len=8192, gradient_checkpointing=True, framework="litgpt")
+    est = estimate(lit)
+    options = {c.option for c in fit(est.inputs, est, gpu_from_vram("16GB")).advice}
+    assert not options & {"--loss cce", "--loss liger-flce --liger", "--offload-checkpoints"}
+    uns = EstimateInputs(arch=LLAMA31, method="qlora", seq_len=8192, gradient_checkpointing=True,
+                         framework="unsloth", offload_checkpoints=False)
+    est = estimate(uns)
+    advice = {c.option: c for c in fit(est.inputs, est, gpu_from_vram("16GB")).advice}
+    assert "Unsloth" in advice["--offload-checkpoints"].text and "--loss cce" not in advice
