@@ -143,7 +143,8 @@ def test_dora_keeps_out_wide_results_and_a_weight_norm_temporary():
     saved, transient = activation_components(inputs(targets=("q_proj",), peft="dora", seq_len=256, loss="cce"))
     saved0, transient0 = activation_components(inputs(targets=("q_proj",), seq_len=256, loss="cce"))
     layer_key = "one layer's backward"
-    assert transient[layer_key] - transient0[layer_key] == 8 * H * H  # W + s BA (fp32) and BA, q_proj is h x h
+    # PEFT rebuilds B A from lora_B(lora_A(eye(in))): the fp32 identity (h x h), B A and W + s B A (fp32)
+    assert transient[layer_key] - transient0[layer_key] == 4 * H * H + 8 * H * H
 
 
 # --- attention -----------------------------------------------------------------------------------
@@ -237,3 +238,46 @@ def test_what_if_offers_loss_kernels_and_offloaded_checkpointing_where_the_stack
     est = estimate(uns)
     advice = {c.option: c for c in fit(est.inputs, est, gpu_from_vram("16GB")).advice}
     assert "Unsloth" in advice["--offload-checkpoints"].text and "--loss cce" not in advice
+
+
+def test_qlora_fp32_compute_dtype_keeps_fp32_inputs_and_dequantizes_to_fp32():
+    bf16 = layer_activation_parts(inputs(method="qlora", targets=("q_proj",)))
+    fp32 = layer_activation_parts(inputs(method="qlora", targets=("q_proj",), compute_dtype="float32"))
+    # bf16 compute: each 4-bit linear keeps its own bf16 copy of the fp32 stream (q, k, v, gate, up, down; o_proj
+    # reads sdpa's saved bf16 output); fp32 compute: the cast is a no-op for the fp32 attention / MLP inputs (kept
+    # once each) and a new fp32 copy of the attention output
+    assert bf16["linear inputs"] == 2 * (5 * H + I)
+    assert fp32["linear inputs"] == 4 * (2 * H + H + I)
+    from loradoctor.estimate.memory import dequant_buffer_bytes
+    assert dequant_buffer_bytes(inputs(method="qlora", compute_dtype="fp32")) == 6 * H * I
+    assert dequant_buffer_bytes(inputs(method="qlora")) == 2 * H * I
+    with pytest.raises(UserError):
+        inputs(method="qlora", compute_dtype="int8")
+
+
+def test_resized_vocabulary_with_modules_to_save():
+    est = estimate(EstimateInputs(arch=LLAMA31, vocab=130000, modules_to_save=("embed_tokens", "lm_head"),
+                                  seq_len=512))
+    assert est.inputs.arch.vocab == 130000
+    assert est.components["modules_to_save copies"] == 2 * 2 * 130000 * H  # bf16 copies of both matrices
+
+
+def test_vision_tower_from_vision_config(tmp_path):
+    import json
+
+    from loradoctor.estimate.arch import resolve_arch, vision_tower_params
+
+    cfg = {"model_type": "llava", "text_config": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+                                                  "num_attention_heads": 32, "vocab_size": 32064,
+                                                  "intermediate_size": 11008},
+           "vision_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                             "patch_size": 14, "image_size": 336}}
+    per_layer = 4 * 1024 * 1024 + 2 * 1024 * 4096 + 4 * 1024 + 4096 + 5 * 1024
+    embed = (3 * 14 * 14 + 1) * 1024 + 24 * 24 * 1024
+    expected = 24 * per_layer + embed + 1024 * 4096 + 4096 * 4096
+    assert vision_tower_params(cfg) == expected  # CLIP ViT-L/14-336: ~0.30 B + the projector
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    arch = resolve_arch(str(tmp_path))
+    est = estimate(EstimateInputs(arch=arch, seq_len=256))
+    assert est.components["vision tower (frozen)"] == 2 * expected
+    assert est.total_params == arch.total_params() + expected

@@ -46,6 +46,8 @@ RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("gpus", ("--gpus",), dict(type=int, help="GPUs the run uses (default 1); the estimate is per GPU")),
     ("strategy", ("--strategy",), dict(help="ddp | fsdp | fsdp-hybrid | zero2 | zero3 (default ddp with --gpus > 1)")),
     ("offload", ("--offload",), dict(help="none | optimizer | params: ZeRO / FSDP CPU offload")),
+    ("compute_dtype", ("--compute-dtype",), dict(help="bitsandbytes bnb_4bit_compute_dtype: bf16 | fp16 | fp32 (default: the precision's half type)")),
+    ("vocab", ("--vocab",), dict(type=int, help="vocabulary size after resize_token_embeddings (added tokens)")),
 ]
 RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
 FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))

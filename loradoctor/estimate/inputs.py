@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "gpus": 1,
     "strategy": "none",
     "offload": "none",
+    "compute_dtype": None,
+    "vocab": None,
 }
 INPUT_KEYS = ("model",) + tuple(DEFAULTS)
 
@@ -109,6 +111,8 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
             gpus=int(values["gpus"]),
             strategy=str(values["strategy"]),
             offload=str(values["offload"]).lower(),
+            compute_dtype=None if values["compute_dtype"] is None else str(values["compute_dtype"]),
+            vocab=None if values["vocab"] is None else int(values["vocab"]),
         )
     except (TypeError, ValueError) as exc:
         raise UserError(f"bad option value: {exc}") from None

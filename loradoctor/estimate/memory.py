@@ -98,6 +98,8 @@ class EstimateInputs:
     gpus: int = 1
     strategy: str = "none"  # none | ddp | fsdp | fsdp-hybrid | zero2 | zero3 (see parallel.py)
     offload: str = "none"  # none | optimizer | params (ZeRO / FSDP CPU offload)
+    compute_dtype: Optional[str] = None  # bitsandbytes' bnb_4bit_compute_dtype: None = the half precision in use; fp32
+    vocab: Optional[int] = None  # the vocabulary after resize_token_embeddings (added tokens), else config.json's
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -188,6 +190,16 @@ def validate(inp: EstimateInputs) -> EstimateInputs:
 
     parse_loss(inp.loss)
     validate_parallel(inp.gpus, inp.strategy, inp.offload)
+    if inp.compute_dtype is not None:
+        cdt = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}.get(
+            str(inp.compute_dtype).lower(), str(inp.compute_dtype).lower())
+        if cdt not in ("bf16", "fp16", "fp32"):
+            raise UserError(f"--compute-dtype must be bf16, fp16 or fp32, not {inp.compute_dtype!r}")
+        inp = replace(inp, compute_dtype=cdt)
+    if inp.vocab is not None:
+        if inp.vocab < 1:
+            raise UserError("--vocab must be at least 1")
+        inp = replace(inp, arch=replace(inp.arch, vocab=int(inp.vocab)))
     if inp.gpus > 1 and inp.strategy == "none":
         inp = replace(inp, strategy="ddp")  # several processes without sharding: DDP replicas
     for name in ("batch", "seq_len", "grad_accum"):
@@ -353,6 +365,14 @@ def weight_components(inp: EstimateInputs) -> dict[str, int]:
     head = arch.lm_head_params()
     final_norm = arch.total_params() - arch.layers * arch.layer_params() - embed - head
     comps: dict[str, int] = {}
+    if arch.vision_params:
+        # a multimodal checkpoint's vision tower and projector: resident, not trained (bitsandbytes quantizes its
+        # linears on HF k-bit loads; Unsloth keeps vision layers 16-bit)
+        if inp.quant != "none" and inp.framework == "hf":
+            comps["vision tower (frozen)"] = quantized_linear_bytes(arch.vision_params, arch.vision_params // 1024 or 1,
+                                                                    inp.quant, inp.double_quant)
+        else:
+            comps["vision tower (frozen)"] = int(arch.vision_params * (4 if inp.precision == "fp32" else 2))
     if inp.quant == "none":
         comps["base weights"] = int((linear_params + other_layer + final_norm + embed + head) * wb)
         return comps
@@ -406,6 +426,13 @@ def _lora_saved_per_input(inp: EstimateInputs, in_features: int) -> float:
         return mask + trainable_bytes(inp) * in_features
     copy_needed = inp.dropout > 0 or (_mixed(inp) and (trainable_bytes(inp) != a or stream_bytes(inp)[0] != a))
     return mask + (a * in_features if copy_needed else 0)
+
+
+def _bnb_compute_bytes(inp: EstimateInputs) -> int:
+    """bytes of bitsandbytes' compute dtype (bnb_4bit_compute_dtype; the precision's half type unless set)."""
+    if inp.compute_dtype == "fp32":
+        return 4
+    return _act_bytes(inp) if inp.compute_dtype is None else 2
 
 
 def _lora_compute_bytes(inp: EstimateInputs) -> int:
@@ -508,18 +535,21 @@ def layer_activation_parts(inp: EstimateInputs) -> dict[str, float]:
     # frozen nn.Linear keeps nothing (PyTorch guards the save); trainable weights (full fine-tuning) keep
     # it, and bitsandbytes' 4-/8-bit matmul functions keep it regardless. When the stream is fp32 and the
     # matmul runs in half precision, each linear gets (and keeps) its own cast copy.
-    per_module_copies = stream != a
+    # bitsandbytes casts its input to bnb_4bit_compute_dtype and keeps that: fp32 compute keeps fp32 inputs
+    lin_a = _bnb_compute_bytes(inp) if (inp.quant != "none" and inp.framework == "hf") else a
+    per_module_copies = stream != lin_a
     if per_module_copies:
         n_in = 3 + (2 if arch.mlp == "gated" else 1) * k_active
-        attn_mlp_inputs = a * h * n_in
+        attn_mlp_inputs = lin_a * h * n_in
     else:
-        attn_mlp_inputs = a * h * (1 if arch.parallel_residual else 2) + (a * h * k_active if arch.experts else 0)
+        attn_mlp_inputs = lin_a * h * (1 if arch.parallel_residual else 2) + (lin_a * h * k_active if arch.experts else 0)
     flash_like = inp.attn in ("flash_attention_2", "xformers")
     # flash-attn, xformers and sdpa's flash / efficient kernels write their output in (batch, seq, heads, dim)
     # order: the reshape feeding o_proj is a view of the output attention saved (checked for sdpa on CPU)
     o_shared = flash_like or inp.attn == "sdpa"
-    o_input = 0 if (o_shared and not per_module_copies) else a * qd
-    linear_inputs = attn_mlp_inputs + o_input + a * width
+    # (a half-precision attention output that o_proj must cast, e.g. to an fp32 compute dtype, is a new copy)
+    o_input = 0 if (o_shared and lin_a == a) else lin_a * qd
+    linear_inputs = attn_mlp_inputs + o_input + lin_a * width
     keepers = 0
     if inp.method == "full":
         keepers += 1
@@ -680,9 +710,12 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     if inp.quant != "none" and not lm_head_quantized:
         layer += dq
     if inp.peft == "dora" and inp.method != "full":
+        # PEFT's DoRA rebuilds B A through lora_B(lora_A(eye(in))) each forward: the identity (in x in, in the
+        # adapter's input dtype), B A (in x out, fp32) and W + s B A (fp32) for the weight norm, widest target
         mods = lora_modules(arch, tuple(t for t in inp.targets if t != "lm_head"))
         if mods:
-            layer += 8 * max(fin * fout for _, fin, fout, _ in mods)
+            eye = trainable_bytes(inp) if (_mixed(inp) or _no_autocast(inp)) else a
+            layer += max(eye * fin * fin + 8 * fin * fout for _, fin, fout, _ in mods)
     # the loss is freed before the layers run backward: the peak is the larger of the two moments
     if ce >= layer:
         transient[f"logits + cross-entropy ({kind}{':' + str(chunks) if kind == 'chunked' else ''})"
@@ -702,7 +735,8 @@ def dequant_buffer_bytes(inp: EstimateInputs) -> int:
     largest = max(i * o for i, o, _ in arch.linear_modules().values())
     if inp.framework == "litgpt" and not arch.tied:
         largest = max(largest, arch.vocab * arch.hidden)
-    per_param = 6 if inp.framework == "litgpt" else 2
+    # an fp32 compute dtype dequantizes to fp32 and autocast casts that copy to half for the matmul
+    per_param = 6 if inp.framework == "litgpt" or (inp.compute_dtype == "fp32" and _mixed(inp)) else _bnb_compute_bytes(inp)
     return per_param * largest
 
 
@@ -879,7 +913,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
         device_used_bytes=int(device),
         band=(min(low, device), max(high, device)),
         trainable_params=int(trainable),
-        total_params=arch.total_params(),
+        total_params=arch.total_params() + arch.vision_params,
         notes=notes,
     )
 
