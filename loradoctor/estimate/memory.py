@@ -811,8 +811,8 @@ def estimate(inp: EstimateInputs) -> Estimate:
             matrices += [(fin, fout)] * (copies * arch.layers)
     else:
         trainable, matrices = peft_params(inp)
-        comps[("LoRA" if inp.peft in ("lora", "rslora") else inp.peft.upper() if inp.peft != "adalora" else "AdaLoRA")
-              + " parameters"] = int(trainable * tb)
+        label = {"lora": "LoRA", "rslora": "LoRA", "dora": "DoRA", "ia3": "IA3", "adalora": "AdaLoRA"}[inp.peft]
+        comps[f"{label} parameters"] = int(trainable * tb)
         mts = modules_to_save_params(arch, inp.modules_to_save)
         if mts:
             mts_bytes = 4 if (inp.quant != "none" and inp.framework == "hf") else base_weight_bytes(inp)
