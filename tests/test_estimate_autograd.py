@@ -259,3 +259,52 @@ def test_attention_quadratic_terms_at_long_sequences(attn, s):
     assert layer_activation_parts(inp)["attention"] == pytest.approx(measured, rel=0.05)
     if attn == "eager":
         assert measured > heads * s * 6
+
+
+_EAGER_BACKWARD = r"""
+import sys, torch
+torch.set_num_threads(1)
+F = torch.nn.functional
+s, heads, hd = int(sys.argv[1]), int(sys.argv[2]), 16
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+q, k, v = (torch.randn(1, heads, s, hd, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+mask = torch.triu(torch.full((s, s), float("-inf"), dtype=torch.bfloat16), 1)
+w = torch.matmul(q, k.transpose(2, 3)) * hd ** -0.5 + mask
+out = torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(torch.bfloat16), v)
+del w
+grad = torch.ones_like(out)
+before = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+out.backward(grad)
+print(status("VmHWM") - before)
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/clear_refs"), reason="needs Linux /proc")
+def test_eager_backward_transient_per_score(tmp_path):
+    # peak process memory while eager attention runs backward, above what it held at the start of backward
+    # (large allocations are mapped directly so freed memory leaves the RSS), per score: the slope between 2 and
+    # 4 heads at 2,048 tokens (a fixed buffer of other work cancels)
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "eager_backward.py"
+    script.write_text(_EAGER_BACKWARD)
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+
+    def peak_bytes(heads):
+        out = subprocess.run([sys.executable, str(script), "2048", str(heads)], capture_output=True, text=True,
+                             env=env, timeout=300)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    measured = (peak_bytes(4) - peak_bytes(2)) / (2 * 2048 * 2048)
+    arch = Arch(name="toy", hidden=32, intermediate=64, layers=1, heads=2, kv_heads=2, vocab=100)
+    from loradoctor.estimate.memory import attention_transient_bytes
+
+    modelled = attention_transient_bytes(validate(EstimateInputs(arch=arch, seq_len=4096, attn="eager",
+                                                                 targets=("q_proj",)))) / (2 * 4096 * 4096)
+    assert modelled == pytest.approx(measured, rel=0.15)
