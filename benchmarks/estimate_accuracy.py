@@ -58,6 +58,8 @@ def make_inputs(**kw: Any) -> EstimateInputs:
     kw = {k: v for k, v in kw.items() if k in known and v is not None}
     if kw.get("framework") not in memory.FRAMEWORKS:
         kw["framework"] = "hf"
+    if kw.get("precision") not in memory.PRECISIONS:
+        kw["precision"] = str(kw.get("precision")).replace("-no-autocast", "")  # the closest mode it has
     return EstimateInputs(**kw)
 
 
@@ -221,7 +223,7 @@ def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
                        gradient_checkpointing=bool(point.get("gradient_checkpointing")),
                        offload_checkpoints=point.get("offload_checkpoints"), loss=point.get("loss"),
                        attn=point.get("attn", "sdpa"), optim=point.get("optim", "adamw_torch"),
-                       precision=point.get("precision", "bf16"))
+                       precision=point.get("precision", "bf16"), peft=point.get("peft"))
 
 
 def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
@@ -241,6 +243,24 @@ def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
         row["predicted_device_gib"] = round(estimate(replace(inp, seq_len=512)).device_used_bytes / 2**30, 2)
     else:
         row["error"] = ((pred or 0) - point["published_max_seq_len"]) / point["published_max_seq_len"]
+    return row
+
+
+def evaluate_run(point: dict[str, Any]) -> dict[str, Any]:
+    """A whole run described by estimate inputs, measured in bytes (metric: allocated / reserved / device)."""
+    inp = public_inputs(point, seq_len=int(point["seq_len"]))
+    if point.get("method") == "full":
+        inp = replace(inp, targets=())
+    est = estimate(inp)
+    pred = est.metric(point.get("metric", "allocated"))
+    row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp),
+                           "metric": point.get("metric", "allocated"), "unit": "GB",
+                           "predicted": round(pred / 1e9, 2), "measured": round(point["measured_bytes"] / 1e9, 2),
+                           "confidence": point.get("confidence"),
+                           "error": (pred - point["measured_bytes"]) / point["measured_bytes"]}
+    reported = point.get("trainable_params_reported")
+    if reported is not None and reported != est.trainable_params:
+        row["trainable_params_mismatch"] = (est.trainable_params, reported)
     return row
 
 
@@ -276,6 +296,9 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
         kind = point.get("kind")
         if kind == "max_context":
             rows.append(evaluate_max_context(point))
+            continue
+        if kind == "run":
+            rows.append(evaluate_run(point))
             continue
         if kind == "loss_op":
             row_op = evaluate_loss_op(point)
