@@ -500,8 +500,8 @@ def _unsloth_layer_parts(inp: EstimateInputs) -> dict[str, float]:
         "lora": 0.0,
     }
     if inp.dropout > 0:  # Unsloth's fast path needs dropout 0; otherwise PEFT's module runs: mask + dropped copy
-        parts["lora"] = sum(copies // arch.layers * (inp.dropout > 0) * (1 + a) * fin
-                            for _, fin, _, copies in lora_modules(arch, tuple(t for t in inp.targets if t != "lm_head")))
+        layer_mods = lora_modules(arch, tuple(t for t in inp.targets if t != "lm_head"))
+        parts["lora"] = sum((copies // arch.layers) * (1 + a) * fin for _, fin, _, copies in layer_mods)
     return parts
 
 
