@@ -1,6 +1,11 @@
 """Accuracy of `loradoctor estimate` on measured runs, and its speed.
 
-    python benchmarks/estimate_accuracy.py [TRUTH.yaml] [--json] [--no-speed]
+    python benchmarks/estimate_accuracy.py [TRUTH.yaml ...] [--json] [--no-speed]
+
+Without a TRUTH file it reads both sets: ../shared/estimate/dev_truth.yaml and benchmarks/data/public_truth.yaml.
+Errors are reported per framework group (hf, unsloth, axolotl+cce, litgpt, torchtune, and cce-kernel for loss
+kernels measured alone). LORADOCTOR_BENCH_ROOT=/path/to/another/checkout evaluates that checkout's model on the
+same points (inputs it does not know are dropped: how that version would describe the run).
 
 TRUTH defaults to ../shared/estimate/dev_truth.yaml (beside the checkout) (litgpt and torchtune tables). For each point the
 configuration described in the file (framework, precision, optimizer, quantization, LoRA targets,
@@ -26,18 +31,43 @@ import sys
 import tempfile
 import time
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent.parent
+ROOT = Path(os.environ.get("LORADOCTOR_BENCH_ROOT") or HERE)
 sys.path.insert(0, str(ROOT))
 
 from loradoctor.estimate.arch import Arch, find_preset, arch_from_preset  # noqa: E402
 from loradoctor.estimate.fit import find_gpu, gpu_table  # noqa: E402
 from loradoctor.estimate.memory import EstimateInputs, estimate  # noqa: E402
 
-# shared/ lies beside the checkout (../shared), as laid out for developers and CI.
-DEFAULT_TRUTH = ROOT.parent / "shared" / "estimate" / "dev_truth.yaml"
+# shared/ lies beside the checkout (../shared), as laid out for developers and CI (a worktree: /work/shared).
+DEFAULT_TRUTH = next((p for p in (HERE.parent / "shared" / "estimate" / "dev_truth.yaml",
+                                  HERE.parent.parent / "shared" / "estimate" / "dev_truth.yaml") if p.is_file()),
+                     HERE.parent / "shared" / "estimate" / "dev_truth.yaml")
+PUBLIC_TRUTH = HERE / "benchmarks" / "data" / "public_truth.yaml"
+
+
+def make_inputs(**kw: Any) -> EstimateInputs:
+    """EstimateInputs from keyword arguments, dropping what the loaded model version does not know."""
+    from loradoctor.estimate import memory
+
+    known = EstimateInputs.__dataclass_fields__
+    kw = {k: v for k, v in kw.items() if k in known and v is not None}
+    if kw.get("framework") not in memory.FRAMEWORKS:
+        kw["framework"] = "hf"
+    if kw.get("precision") not in memory.PRECISIONS:
+        kw["precision"] = str(kw.get("precision")).replace("-no-autocast", "")  # the closest mode it has
+    return EstimateInputs(**kw)
+
+
+def framework_group(inp: EstimateInputs) -> str:
+    """hf | unsloth | axolotl+cce | litgpt | torchtune."""
+    if inp.framework in ("litgpt", "torchtune", "unsloth"):
+        return inp.framework
+    return "axolotl+cce" if getattr(inp, "loss", None) == "cce" else "hf"
 
 
 def arch_for(point: dict[str, Any]) -> Arch:
@@ -175,18 +205,113 @@ def card_bytes(point: dict[str, Any]) -> Optional[int]:
     return None
 
 
+def _summary(errs: list[float]) -> dict[str, Any]:
+    errs_sorted = sorted(errs)
+    if not errs_sorted:
+        return {"n": 0}
+    p90 = errs_sorted[min(len(errs_sorted) - 1, int(round(0.9 * (len(errs_sorted) - 1))))]
+    return {"n": len(errs_sorted), "median": statistics.median(errs_sorted), "p90": p90}
+
+
+def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
+    from loradoctor.estimate.arch import resolve_arch
+
+    return make_inputs(arch=resolve_arch(point["model"]), framework=point.get("framework", "hf"),
+                       method=point.get("method", "lora"), quant=point.get("quant", "none"),
+                       rank=int(point.get("rank", 8)), targets=tuple(point.get("targets") or ("q_proj", "v_proj")),
+                       batch=int(point.get("batch", 1)), seq_len=seq_len,
+                       gradient_checkpointing=bool(point.get("gradient_checkpointing")),
+                       offload_checkpoints=point.get("offload_checkpoints"), loss=point.get("loss"),
+                       attn=point.get("attn", "sdpa"), optim=point.get("optim", "adamw_torch"),
+                       precision=point.get("precision", "bf16"), peft=point.get("peft"))
+
+
+def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
+    """The longest sequence (steps of 64) the model says fits the card vs the published longest."""
+    from loradoctor.estimate.fit import max_seq_len
+
+    inp = public_inputs(point)
+    budget = int(point["card_gib"] * 2**30)
+    pred = max_seq_len(inp, budget, step=64, limit_tokens=1 << 21)
+    row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp), "metric": "max seq",
+                           "unit": "tok", "predicted": pred, "measured": point.get("published_max_seq_len"),
+                           "confidence": point.get("confidence")}
+    if point.get("published_max_seq_len") is None:
+        # published as out of memory: a hit when no useful length (512 tokens) fits
+        row["card_bytes"] = budget
+        row["oom_hit"] = pred is None or pred < 512
+        row["predicted_device_gib"] = round(estimate(replace(inp, seq_len=512)).device_used_bytes / 2**30, 2)
+    else:
+        row["error"] = ((pred or 0) - point["published_max_seq_len"]) / point["published_max_seq_len"]
+    return row
+
+
+def evaluate_run(point: dict[str, Any]) -> dict[str, Any]:
+    """A whole run described by estimate inputs, measured in bytes (metric: allocated / reserved / device)."""
+    inp = public_inputs(point, seq_len=int(point["seq_len"]))
+    if point.get("method") == "full":
+        inp = replace(inp, targets=())
+    est = estimate(inp)
+    pred = est.metric(point.get("metric", "allocated"))
+    row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp),
+                           "metric": point.get("metric", "allocated"), "unit": "GB",
+                           "predicted": round(pred / 1e9, 2), "measured": round(point["measured_bytes"] / 1e9, 2),
+                           "confidence": point.get("confidence"),
+                           "error": (pred - point["measured_bytes"]) / point["measured_bytes"]}
+    reported = point.get("trainable_params_reported")
+    if reported is not None and reported != est.trainable_params:
+        row["trainable_params_mismatch"] = (est.trainable_params, reported)
+    return row
+
+
+def evaluate_loss_op(point: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """One loss computation alone: the model's loss term, less the hidden states that exist before the op (the
+    op's input), plus the classifier's gradient when the benchmark trains it (after the peak for the standard
+    loss: logits' gradient + classifier gradient is the later moment)."""
+    try:
+        from loradoctor.estimate.losses import loss_peak_bytes
+    except ImportError:
+        return None  # a model version without loss kernels
+    a = 2 if point.get("dtype", "bf16") in ("bf16", "fp16") else 4
+    t, h, v = point["tokens"], point["hidden"], point["vocab"]
+    kind = point["loss"]
+    peak = loss_peak_bytes(kind, 8 if kind == "chunked" else 0, t, h, v, a, a, softcap=bool(point.get("softcap")))
+    classifier = v * h * a if point.get("classifier_grad") else 0
+    if kind == "standard":
+        pred = max(peak, a * t * v + classifier)
+    else:
+        pred = peak - (a * h * t if kind == "cce" else 0) + classifier
+    pred_mib = pred / 2**20
+    return {"id": point["id"], "group": point.get("group", "cce-kernel"), "metric": "loss op", "unit": "MiB",
+            "predicted": round(pred_mib, 1), "measured": point["measured_mib"], "confidence": point.get("confidence"),
+            "error": (pred_mib - point["measured_mib"]) / point["measured_mib"]}
+
+
 def evaluate(truth_path: Path) -> dict[str, Any]:
     import yaml
 
     data = yaml.safe_load(truth_path.read_text())
     rows: list[dict[str, Any]] = []
     for point in data["points"]:
+        kind = point.get("kind")
+        if kind == "max_context":
+            rows.append(evaluate_max_context(point))
+            continue
+        if kind == "run":
+            rows.append(evaluate_run(point))
+            continue
+        if kind == "loss_op":
+            row_op = evaluate_loss_op(point)
+            if row_op is not None:
+                rows.append(row_op)
+            continue
         inp = inputs_for(point)
         est = estimate(inp)
         metric = metric_for(point)
         unit = unit_bytes(point)
         pred = est.metric(metric) / unit
-        row: dict[str, Any] = {"id": point["id"], "metric": metric, "unit": "GB" if unit == 1e9 else "GiB",
+        row: dict[str, Any] = {"id": point["id"], "group": framework_group(inp), "metric": metric,
+                               "unit": "GB" if unit == 1e9 else "GiB",
                                "predicted": round(pred, 2), "measured": point.get("measured_gb"),
                                "confidence": point.get("confidence")}
         if point.get("measured_gb") is None:
@@ -198,21 +323,24 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
             row["error"] = (pred - point["measured_gb"]) / point["measured_gb"]
         rows.append(row)
     errs = [abs(r["error"]) for r in rows if "error" in r]
-    errs_sorted = sorted(errs)
-    p90 = errs_sorted[min(len(errs_sorted) - 1, int(round(0.9 * (len(errs_sorted) - 1))))]
     ooms = [r for r in rows if "oom_hit" in r]
     by_group: dict[str, list[float]] = {}
+    by_old_group: dict[str, list[float]] = {}
     for r in rows:
         if "error" in r:
-            group = r["id"].split("-")[0] + ("-qlora" if ("nf4" in r["id"] or "qlora" in r["id"]) else "")
-            by_group.setdefault(group, []).append(abs(r["error"]))
+            by_group.setdefault(r["group"], []).append(abs(r["error"]))
+            old = r["id"].split("-")[0] + ("-qlora" if ("nf4" in r["id"] or "qlora" in r["id"]) else "")
+            by_old_group.setdefault(old, []).append(abs(r["error"]))
+    overall = _summary(errs)
     return {
-        "median_abs_error_by_group": {g: statistics.median(v) for g, v in sorted(by_group.items())},
+        "truth": str(truth_path),
+        "by_group": {g: _summary(v) for g, v in sorted(by_group.items())},
+        "median_abs_error_by_group": {g: statistics.median(v) for g, v in sorted(by_old_group.items())},
         "points": rows,
         "n_measured": len(errs),
-        "median_abs_error": statistics.median(errs),
-        "p90_abs_error": p90,
-        "mean_signed_error": statistics.mean(r["error"] for r in rows if "error" in r),
+        "median_abs_error": overall.get("median"),
+        "p90_abs_error": overall.get("p90"),
+        "mean_signed_error": statistics.mean(r["error"] for r in rows if "error" in r) if errs else None,
         "oom_points": len(ooms),
         "oom_hits": sum(1 for r in ooms if r["oom_hit"]),
     }
@@ -228,53 +356,77 @@ def speed(repeats: int = 9) -> dict[str, float]:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "loradoctor-bench-pycache")
 
-    def timed(args: list[str]) -> list[float]:
+    import resource
+
+    cpu: dict[str, float] = {}
+
+    def timed(args: list[str], name: str) -> list[float]:
         subprocess.run(args, capture_output=True, cwd=str(ROOT), check=False, env=env)  # warm-up
         times = []
         for _ in range(repeats):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             subprocess.run(args, capture_output=True, cwd=str(ROOT), check=False, env=env)
             times.append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            cpu[name] = min(cpu.get(name, used), used)
         return times
 
-    bare = timed([sys.executable, "-c", "pass"])
-    cli = timed([sys.executable, "-m", "loradoctor", "--version"])  # typer + the CLI skeleton, no command
+    # CPU time (user + system of the child) is reported too: on a loaded shared machine wall time mostly
+    # measures the wait for a core
+    bare = timed([sys.executable, "-c", "pass"], "bare")
+    cli = timed([sys.executable, "-m", "loradoctor", "--version"], "cli")  # typer + the CLI skeleton, no command
     cmd = timed([sys.executable, "-m", "loradoctor", "estimate", "--model", "meta-llama/Llama-3.1-8B",
-                 "--method", "qlora", "--gradient-checkpointing", "--gpu", "RTX 4090", "--format", "json"])
+                 "--method", "qlora", "--gradient-checkpointing", "--gpu", "RTX 4090", "--format", "json"], "estimate")
     return {"bare_python_min_s": min(bare), "cli_version_min_s": min(cli), "estimate_min_s": min(cmd),
             "bare_python_median_s": statistics.median(bare), "estimate_median_s": statistics.median(cmd),
-            "estimate_minus_bare_s": min(cmd) - min(bare)}
+            "estimate_minus_bare_s": min(cmd) - min(bare),
+            "bare_python_cpu_s": cpu["bare"], "estimate_cpu_s": cpu["estimate"],
+            "estimate_minus_bare_cpu_s": cpu["estimate"] - cpu["bare"]}
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"== {result['truth']}")
+    print(f"{'point':48} {'metric':9} {'unit':4} {'pred':>9} {'meas':>9} {'error':>7}")
+    for r in result["points"]:
+        if "error" in r:
+            pred = "none" if r["predicted"] is None else r["predicted"]
+            print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {pred:>9} {r['measured']:>9} {r['error']:+7.1%}")
+        else:
+            verdict = "?" if r["oom_hit"] is None else ("OOM predicted (hit)" if r["oom_hit"] else "fit predicted (MISS)")
+            card = "?" if r["card_bytes"] is None else f"{r['card_bytes'] / 2**30:.1f} GiB card"
+            print(f"{r['id']:48} {'OOM':9} {'':4} {r['predicted_device_gib']:8.2f}G {'':>9} {verdict} ({card})")
+    print()
+    if result["n_measured"]:
+        print(f"measured points: {result['n_measured']}  median |error|: {result['median_abs_error']:.1%}  "
+              f"p90 |error|: {result['p90_abs_error']:.1%}  mean signed error: {result['mean_signed_error']:+.1%}")
+    print(f"OOM points: {result['oom_points']}, predicted as OOM: {result['oom_hits']}")
+    print("by framework group (n, median |error|, p90 |error|): " + "; ".join(
+        f"{g} n={v['n']} {v['median']:.1%} / {v['p90']:.1%}" for g, v in result["by_group"].items()))
+    print()
 
 
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
     args = [a for a in argv if not a.startswith("--")]
-    truth = Path(args[0]) if args else DEFAULT_TRUTH
-    result = evaluate(truth)
+    truths = [Path(a) for a in args] or [DEFAULT_TRUTH, PUBLIC_TRUTH]
+    results = [evaluate(t) for t in truths]
+    out: dict[str, Any] = {"results": results}
     if "--no-speed" not in argv:
-        result["speed"] = speed()
+        out["speed"] = speed()
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(out, indent=2))
         return 0
-    print(f"{'point':48} {'metric':9} {'unit':4} {'pred':>7} {'meas':>7} {'error':>7}")
-    for r in result["points"]:
-        if "error" in r:
-            print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {r['predicted']:7.2f} {r['measured']:7.2f} {r['error']:+7.1%}")
-        else:
-            verdict = "?" if r["oom_hit"] is None else ("OOM predicted (hit)" if r["oom_hit"] else "fit predicted (MISS)")
-            card = "?" if r["card_bytes"] is None else f"{r['card_bytes'] / 2**30:.1f} GiB card"
-            print(f"{r['id']:48} {'OOM':9} {'':4} {r['predicted_device_gib']:6.2f}G {'':>7} {verdict} ({card})")
-    print()
-    print(f"measured points: {result['n_measured']}  median |error|: {result['median_abs_error']:.1%}  "
-          f"p90 |error|: {result['p90_abs_error']:.1%}  mean signed error: {result['mean_signed_error']:+.1%}")
-    print(f"OOM points: {result['oom_points']}, predicted as OOM: {result['oom_hits']}")
-    print("median |error| by group: " + ", ".join(f"{g} {e:.1%}" for g, e in result["median_abs_error_by_group"].items()))
-    if "speed" in result:
-        s = result["speed"]
+    for result in results:
+        _print(result)
+    if "speed" in out:
+        s = out["speed"]
         print(f"speed (min of runs): estimate {s['estimate_min_s']:.3f}s, bare python {s['bare_python_min_s']:.3f}s, "
               f"difference {s['estimate_minus_bare_s']:.3f}s (target < 0.3 s); medians "
               f"{s['estimate_median_s']:.3f}s / {s['bare_python_median_s']:.3f}s; `loradoctor --version` (typer + CLI "
-              f"skeleton) {s['cli_version_min_s']:.3f}s")
+              f"skeleton) {s['cli_version_min_s']:.3f}s; CPU time estimate {s['estimate_cpu_s']:.3f}s, bare "
+              f"{s['bare_python_cpu_s']:.3f}s, difference {s['estimate_minus_bare_cpu_s']:.3f}s")
     return 0
 
 

@@ -36,10 +36,19 @@ RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("seq_len", ("--seq-len", "-s"), dict(type=int, help="longest sequence in a batch, tokens (default 2048)")),
     ("grad_accum", ("--grad-accum",), dict(type=int, help="gradient accumulation steps (does not change the peak)")),
     ("gradient_checkpointing", ("--gradient-checkpointing",), dict(action=argparse.BooleanOptionalAction, help="activation checkpointing (default: on for QLoRA / a quantized base with --framework hf, as PEFT's prepare_model_for_kbit_training turns it on; off otherwise, as TrainingArguments); the output says which")),
-    ("attn", ("--attn",), dict(help="eager | sdpa | flash_attention_2 (default sdpa)")),
+    ("attn", ("--attn",), dict(help="eager | sdpa | sdpa_math | flash_attention_2 | xformers (default sdpa)")),
     ("optim", ("--optim",), dict(help="adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, adafactor, sgd")),
-    ("precision", ("--precision",), dict(help="bf16 | fp16 (mixed; PEFT keeps adapters fp32) | fp32 | bf16-true (everything bf16)")),
-    ("framework", ("--framework",), dict(help="hf (transformers+peft, default) | litgpt | torchtune")),
+    ("precision", ("--precision",), dict(help="bf16 | fp16 (mixed; PEFT keeps adapters fp32) | bf16-no-autocast | fp16-no-autocast (half base, fp32 adapters, plain loop) | fp32 | bf16-true (everything bf16)")),
+    ("framework", ("--framework",), dict(help="hf (transformers+peft, default) | litgpt | torchtune | unsloth")),
+    ("loss", ("--loss",), dict(help="standard | cce | liger-flce | chunked[:N] | unsloth | fused-ce (default: the framework's own)")),
+    ("liger_kernels", ("--liger",), dict(action=argparse.BooleanOptionalAction, help="Liger's RMSNorm / SwiGLU / RoPE kernels in the HF model")),
+    ("offload_checkpoints", ("--offload-checkpoints",), dict(action=argparse.BooleanOptionalAction, help="checkpointed hidden states in host memory (Unsloth's default with checkpointing)")),
+    ("peft", ("--peft",), dict(help="lora (default) | rslora | dora | ia3 | adalora")),
+    ("gpus", ("--gpus",), dict(type=int, help="GPUs the run uses (default 1); the estimate is per GPU")),
+    ("strategy", ("--strategy",), dict(help="ddp | fsdp | fsdp-hybrid | zero2 | zero3 (default ddp with --gpus > 1)")),
+    ("offload", ("--offload",), dict(help="none | optimizer | params: ZeRO / FSDP CPU offload")),
+    ("compute_dtype", ("--compute-dtype",), dict(help="bitsandbytes bnb_4bit_compute_dtype: bf16 | fp16 | fp32 (default: the precision's half type)")),
+    ("vocab", ("--vocab",), dict(type=int, help="vocabulary size after resize_token_embeddings (added tokens)")),
 ]
 RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
 FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))

@@ -58,6 +58,7 @@ class Arch:
     fused: bool = False  # Phi-3: qkv_proj and gate_up_proj are single Linear layers
     attn_softcap: float = 0.0  # Gemma-2 tanh-caps attention scores (needs eager attention to apply it)
     final_softcap: float = 0.0  # Gemma-2 tanh-caps the logits
+    vision_params: int = 0  # a multimodal checkpoint's vision tower + projector (from vision_config), frozen
     source: str = "preset"  # where the numbers came from: a file path, 'hf-cache:<path>' or 'preset:<name>'
 
     @property
@@ -144,6 +145,7 @@ def normalize_module(name: str) -> tuple[str, ...]:
 def arch_from_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
     """Build an Arch from a Hugging Face config.json dict (Llama, Mistral, Mixtral, Qwen2/3(+MoE), Gemma/2,
     Phi-3, Phi/Phi-2, GPT-NeoX, Falcon). Nested `text_config` (multimodal wrappers) is followed."""
+    vision = vision_tower_params(cfg)
     if "text_config" in cfg and "hidden_size" not in cfg:
         cfg = {**cfg, **cfg["text_config"]}
     model_type = str(cfg.get("model_type", ""))
@@ -194,8 +196,31 @@ def arch_from_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
         fused=model_type in ("phi3",),
         attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        vision_params=vision,
         source=source,
     )
+
+
+def vision_tower_params(cfg: dict[str, Any]) -> int:
+    """Parameters of a ViT vision tower from `vision_config` (CLIP / SigLIP / Qwen-VL spellings) + the projector
+    into the text model (2-layer MLP), about +-5%: per layer q/k/v/o (4 w^2), the MLP (2 w i), biases and norms;
+    patch and position embeddings. 0 without a vision_config."""
+    vc = cfg.get("vision_config")
+    if not isinstance(vc, dict):
+        return 0
+    width = vc.get("embed_dim") or vc.get("hidden_size") or vc.get("width")
+    depth = vc.get("num_hidden_layers") or vc.get("depth") or vc.get("layers")
+    if not (isinstance(width, int) and isinstance(depth, int) and width > 0 and depth > 0):
+        return 0
+    inter = vc.get("intermediate_size") or int((vc.get("mlp_ratio") or 4) * width)
+    patch = int(vc.get("patch_size") or 14)
+    image = int(vc.get("image_size") or 336)
+    per_layer = 4 * width * width + 2 * width * inter + 4 * width + inter + 5 * width
+    embed = (int(vc.get("num_channels") or 3) * patch * patch + 1) * width + (image // patch) ** 2 * width
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text_hidden = int(text.get("hidden_size") or width) if isinstance(text, dict) else width
+    projector = width * text_hidden + text_hidden * text_hidden
+    return int(depth * per_layer + embed + projector)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -90,6 +90,58 @@ def read_axolotl(cfg: dict[str, Any]) -> dict[str, Any]:
         out["attn"] = "eager"
     _put(out, "optim", cfg.get("optimizer"))
     _put(out, "precision", _precision(cfg.get("bf16"), cfg.get("fp16")))
+    out.update(_axolotl_kernels(cfg))
+    return out
+
+
+def _axolotl_kernels(cfg: dict[str, Any]) -> dict[str, Any]:
+    """axolotl's loss / kernel plugins and its DeepSpeed / FSDP settings -> loss, liger_kernels, strategy, offload."""
+    out: dict[str, Any] = {}
+    plugins = " ".join(_as_list(cfg.get("plugins"))).lower()
+    if _truthy(cfg.get("cut_cross_entropy")) or ("cut_cross_entropy" in plugins and cfg.get("cut_cross_entropy") is None):
+        out["loss"] = "cce"
+    elif _truthy(cfg.get("liger_fused_linear_cross_entropy")):
+        out["loss"] = "liger-flce"
+    elif _truthy(cfg.get("liger_cross_entropy")) or _truthy(cfg.get("unsloth_cross_entropy_loss")):
+        out["loss"] = "fused-ce"
+    if any(_truthy(cfg.get(k)) for k in ("liger_rms_norm", "liger_glu_activation", "liger_swiglu", "liger_rope")):
+        out["liger_kernels"] = True
+    out.update(_parallel_from(cfg.get("deepspeed"), cfg.get("fsdp"), cfg.get("fsdp_config")))
+    return out
+
+
+def _parallel_from(deepspeed: Any, fsdp: Any, fsdp_config: Any = None) -> dict[str, Any]:
+    """A DeepSpeed config (a dict, or a file path whose name says the stage, as axolotl's and LLaMA-Factory's
+    shipped ones do: zero2.json, zero3_bf16_cpuoffload_params.json) or an FSDP setting -> strategy / offload."""
+    out: dict[str, Any] = {}
+    if isinstance(deepspeed, dict):
+        zero = deepspeed.get("zero_optimization") or {}
+        stage = int(zero.get("stage") or 0) if isinstance(zero, dict) else 0
+        if stage in (2, 3):
+            out["strategy"] = f"zero{stage}"
+            dev = lambda k: str((zero.get(k) or {}).get("device") or "none").lower()  # noqa: E731
+            if dev("offload_param") in ("cpu", "nvme"):
+                out["offload"] = "params"
+            elif dev("offload_optimizer") in ("cpu", "nvme"):
+                out["offload"] = "optimizer"
+    elif isinstance(deepspeed, str) and deepspeed:
+        name = Path(deepspeed).name.lower()
+        if "zero3" in name or "z3" in name:
+            out["strategy"] = "zero3"
+        elif "zero2" in name or "z2" in name:
+            out["strategy"] = "zero2"
+        if out and "offload" in name:
+            out["offload"] = "params" if ("param" in name and out["strategy"] == "zero3") else "optimizer"
+    if fsdp and not out:
+        text = " ".join(_as_list(fsdp)).lower()
+        conf = fsdp_config if isinstance(fsdp_config, dict) else {}
+        text += " " + str(conf.get("fsdp_sharding_strategy") or conf.get("sharding_strategy") or "").lower()
+        if "hybrid" in text:
+            out["strategy"] = "fsdp-hybrid"
+        elif "full_shard" in text or "fsdp" in text or text.strip():
+            out["strategy"] = "fsdp"
+        if "offload" in text or _truthy(conf.get("fsdp_offload_params") or conf.get("offload_params")):
+            out["offload"] = "params"
     return out
 
 
@@ -133,6 +185,17 @@ def read_llamafactory(cfg: dict[str, Any]) -> dict[str, Any]:
     out["attn"] = {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}.get(fa, "sdpa")
     _put(out, "optim", cfg.get("optim"))
     _put(out, "precision", _precision(cfg.get("bf16"), cfg.get("fp16"), cfg.get("pure_bf16")))
+    if _truthy(cfg.get("enable_liger_kernel")):
+        out["liger_kernels"] = True
+        out["loss"] = "liger-flce"
+    if _truthy(cfg.get("use_unsloth")):
+        out["framework"] = "unsloth"
+    if _truthy(cfg.get("use_unsloth_gc")):
+        out["gradient_checkpointing"] = True
+        out["offload_checkpoints"] = True
+    if cfg.get("use_dora") is not None and _truthy(cfg.get("use_dora")):
+        out["peft"] = "dora"
+    out.update(_parallel_from(cfg.get("deepspeed"), None))
     return out
 
 
@@ -152,6 +215,79 @@ def read_training_args(cfg: dict[str, Any]) -> dict[str, Any]:
     model_kwargs = cfg.get("model_init_kwargs") or {}
     if isinstance(model_kwargs, dict) and model_kwargs.get("attn_implementation"):
         out["attn"] = model_kwargs["attn_implementation"]
+    if _truthy(cfg.get("use_liger_kernel")) or _truthy(cfg.get("use_liger")):
+        out["liger_kernels"] = True
+        out["loss"] = "liger-flce"
+    out.update(_parallel_from(cfg.get("deepspeed"), cfg.get("fsdp"), cfg.get("fsdp_config")))
+    return out
+
+
+def read_deepspeed(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A DeepSpeed JSON (zero_optimization.stage, offload_optimizer / offload_param devices)."""
+    return _parallel_from(cfg, None)
+
+
+def read_accelerate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """An `accelerate config` YAML: distributed_type, num_processes, deepspeed_config / fsdp_config."""
+    out: dict[str, Any] = {}
+    kind = str(cfg.get("distributed_type") or "").upper()
+    if cfg.get("num_processes") is not None:
+        out["gpus"] = int(cfg["num_processes"])
+    if kind == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config") or {}
+        stage = int(ds.get("zero_stage") or 0)
+        if stage in (2, 3):
+            out["strategy"] = f"zero{stage}"
+            if str(ds.get("offload_param_device") or "none").lower() in ("cpu", "nvme"):
+                out["offload"] = "params"
+            elif str(ds.get("offload_optimizer_device") or "none").lower() in ("cpu", "nvme"):
+                out["offload"] = "optimizer"
+    elif kind == "FSDP":
+        conf = cfg.get("fsdp_config") or {}
+        strategy = str(conf.get("fsdp_sharding_strategy") or "FULL_SHARD").upper()
+        out["strategy"] = "fsdp-hybrid" if "HYBRID" in strategy else "fsdp"
+        if _truthy(conf.get("fsdp_offload_params")):
+            out["offload"] = "params"
+    elif kind in ("MULTI_GPU",):
+        out["strategy"] = "ddp"
+    mp = str(cfg.get("mixed_precision") or "").lower()
+    if mp in ("bf16", "fp16"):
+        out["precision"] = mp
+    return out
+
+
+def read_torchtune(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A torchtune recipe config: its loss component (CEWithChunkedOutputLoss -> chunked:num_output_chunks),
+    batch size, checkpointing / offloading, compile, dtype. The model comes from --model (torchtune names a
+    builder, not a checkpoint)."""
+    out: dict[str, Any] = {"framework": "torchtune"}
+    loss = cfg.get("loss") if isinstance(cfg.get("loss"), dict) else {}
+    component = str(loss.get("_component_") or "")
+    if "Chunked" in component:
+        out["loss"] = f"chunked:{int(loss.get('num_output_chunks') or 8)}"
+    elif "FusedLinear" in component or "liger" in component.lower():
+        out["loss"] = "liger-flce"
+    elif component:
+        out["loss"] = "standard"
+    _put(out, "batch", cfg.get("batch_size"))
+    _put(out, "grad_accum", cfg.get("gradient_accumulation_steps"))
+    if cfg.get("enable_activation_checkpointing") is not None:
+        out["gradient_checkpointing"] = _truthy(cfg.get("enable_activation_checkpointing"))
+    if _truthy(cfg.get("enable_activation_offloading")):
+        out["offload_checkpoints"] = True
+    if str(cfg.get("dtype") or "").lower() in ("bf16", "bfloat16"):
+        out["precision"] = "bf16-true"
+    model = cfg.get("model") if isinstance(cfg.get("model"), dict) else {}
+    if model.get("lora_rank") is not None:
+        out["rank"] = model["lora_rank"]
+        _put(out, "alpha", model.get("lora_alpha"))
+        targets = _as_list(model.get("lora_attn_modules"))
+        if _truthy(model.get("apply_lora_to_mlp")):
+            targets += ["gate_proj", "up_proj", "down_proj"]
+        _put(out, "targets", targets)
+        out["method"] = "qlora" if "qlora" in str(model.get("_component_") or "") else "lora"
+    elif model:
+        out["method"] = "full"
     return out
 
 
@@ -186,6 +322,12 @@ def _load(path: Path) -> Any:
 def detect_format(data: dict[str, Any]) -> Optional[str]:
     """'axolotl' | 'llamafactory' | 'training_args' | 'adapter_config' | None."""
     keys = set(data)
+    if "zero_optimization" in keys:
+        return "deepspeed"
+    if keys & {"distributed_type", "compute_environment"}:
+        return "accelerate"
+    if isinstance(data.get("loss"), dict) and "_component_" in data["loss"]:
+        return "torchtune"
     if "peft_type" in keys or ({"r", "target_modules"} <= keys):
         return "adapter_config"
     if keys & {"finetuning_type", "cutoff_len", "lora_target", "quantization_bit", "template"}:
@@ -332,6 +474,9 @@ READERS = {
     "llamafactory": read_llamafactory,
     "training_args": read_training_args,
     "adapter_config": read_adapter_config,
+    "deepspeed": read_deepspeed,
+    "accelerate": read_accelerate,
+    "torchtune": read_torchtune,
 }
 
 

@@ -223,6 +223,21 @@ def candidate_changes(inp: EstimateInputs, gpu: Optional[Gpu] = None) -> list[tu
     if not inp.gradient_checkpointing:
         out.append(("turn on gradient checkpointing", "--gradient-checkpointing",
                     lambda i: replace(i, gradient_checkpointing=True)))
+    from loradoctor.estimate.memory import loss_kind, offloads_checkpoints
+
+    kind, _ = loss_kind(inp)
+    if inp.framework == "hf" and kind in ("standard", "chunked", "fused-ce"):
+        # both plug into the transformers stack: axolotl's CutCrossEntropyPlugin / cut_cross_entropy_patch,
+        # Liger via use_liger_kernel (Trainer, TRL, LLaMA-Factory enable_liger_kernel, axolotl liger_*)
+        out.append(("use Cut Cross Entropy (never materialises the logits; axolotl: the CutCrossEntropyPlugin)",
+                    "--loss cce", lambda i: replace(i, loss="cce")))
+        out.append(("use Liger's fused linear cross-entropy and kernels (use_liger_kernel=True)",
+                    "--loss liger-flce --liger", lambda i: replace(i, loss="liger-flce", liger_kernels=True)))
+    if inp.framework in ("hf", "unsloth") and inp.gradient_checkpointing and not offloads_checkpoints(inp):
+        text = ("use Unsloth's offloaded checkpointing (use_gradient_checkpointing='unsloth')" if inp.framework == "unsloth"
+                else "offload checkpointed hidden states to host memory (axolotl gradient_checkpointing: offload, "
+                     "LLaMA-Factory use_unsloth_gc)")
+        out.append((text, "--offload-checkpoints", lambda i: replace(i, offload_checkpoints=True)))
     if inp.attn != "flash_attention_2" and (gpu is None or gpu.flash_attn_ok is not False):
         out.append(("use flash_attention_2 (no repeated k/v, no s x s scores)", "--attn flash_attention_2",
                     lambda i: replace(i, attn="flash_attention_2")))

@@ -31,6 +31,16 @@ DEFAULTS: dict[str, Any] = {
     "optim": "adamw_torch",
     "precision": "bf16",
     "framework": "hf",
+    # issue 13: loss kernels, Unsloth / Liger, PEFT methods, more than one GPU (None: the framework's own)
+    "loss": None,
+    "liger_kernels": False,
+    "offload_checkpoints": None,
+    "peft": "lora",
+    "gpus": 1,
+    "strategy": "none",
+    "offload": "none",
+    "compute_dtype": None,
+    "vocab": None,
 }
 INPUT_KEYS = ("model",) + tuple(DEFAULTS)
 
@@ -166,6 +176,15 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
             optim=str(values["optim"]),
             precision=str(values["precision"]).lower(),
             framework=str(values["framework"]).lower(),
+            loss=None if values["loss"] is None else str(values["loss"]),
+            liger_kernels=bool(values["liger_kernels"]),
+            offload_checkpoints=None if values["offload_checkpoints"] is None else bool(values["offload_checkpoints"]),
+            peft=str(values["peft"]).lower(),
+            gpus=int(values["gpus"]),
+            strategy=str(values["strategy"]),
+            offload=str(values["offload"]).lower(),
+            compute_dtype=None if values["compute_dtype"] is None else str(values["compute_dtype"]),
+            vocab=None if values["vocab"] is None else int(values["vocab"]),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise UserError(f"bad option value: {str(exc)[:200]}") from None
