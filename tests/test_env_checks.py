@@ -54,7 +54,7 @@ def test_fixture_findings(name):
 
 def test_every_check_fires_on_some_fixture():
     fired = {f.rule[4:] for name in EXPECTED for f in run_checks(load(name))}
-    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig", "deep_matmul"}  # covered by the tests below
+    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig", "deep_matmul", "gpu_training"}  # tests below
 
 
 def _fix_commands(findings, cause):
@@ -183,7 +183,12 @@ def test_torch_not_installed():
     snap = load("healthy_ampere_32gb")
     snap["torch"] = {"installed": False}
     f = next(f for f in run_checks(snap) if f.rule == "env.torch_installed")
-    assert f.severity == "warning" and f.fixes[0].command.endswith("/whl/cu124")
+    assert f.severity == "error"  # bf16 was asked for with --want: no torch means the run cannot start
+    assert f.fixes[0].command.endswith("/whl/cu124")
+    del snap["requested"]
+    snap["env_vars"].pop("ACCELERATE_MIXED_PRECISION", None)
+    findings = run_checks(snap)
+    assert [(f.rule, f.severity) for f in findings if f.severity != "info"] == [("env.torch_installed", "warning")]
 
 
 def test_mig_is_reported():

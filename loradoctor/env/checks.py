@@ -281,7 +281,20 @@ def _stderr_evidence(probe: dict, label: str) -> list[Evidence]:
 
 
 def _gpu_label(i: int, g: dict) -> str:
-    return f"GPU {g.get('index', i)} ({g.get('name', '?')})"
+    if g.get("label"):
+        return str(g["label"])
+    name = g.get("name")
+    return f"GPU {g.get('index', i)} ({name})" if name else f"GPU {g.get('index', i)}"
+
+
+def _gpu_where(i: int, g: dict) -> str:
+    return str(g.get("where") or f"nvidia.gpus[{i}]")
+
+
+def named_card(snapshot: dict) -> Optional[dict]:
+    """The card named with `env --gpu NAME` ({"name", "compute_capability"} from the card table), if any."""
+    card = _section(snapshot, "requested").get("gpu")
+    return card if isinstance(card, dict) and card.get("name") else None
 
 
 # ---------------------------------------------------------------- the checks
@@ -588,6 +601,8 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
 
 
 def _feature_gpus(snapshot: dict) -> list[tuple[int, dict, tuple[int, int]]]:
+    """(index, gpu, compute capability) of the GPUs that features are judged against: the visible GPUs
+    here (or torch's device list of a pasted collect_env), and the card named with --gpu."""
     out = []
     for i, g in visible_gpus(snapshot):
         cc = gpu_cc(g)
@@ -595,9 +610,15 @@ def _feature_gpus(snapshot: dict) -> list[tuple[int, dict, tuple[int, int]]]:
             out.append((i, g, cc))
     if not out:  # a pasted collect_env may carry torch's device list only
         for j, d in enumerate(torch_info(snapshot).get("devices") or []):
+            if not isinstance(d, dict):
+                continue
             cc = cc_tuple(d.get("capability")) or cc_tuple(gpu_cc_from_name(str(d.get("name", ""))))
             if cc:
                 out.append((j, {"index": j, "name": d.get("name")}, cc))
+    card = named_card(snapshot)
+    cc = cc_tuple(card.get("compute_capability")) if card else None
+    if card and cc:
+        out.append((-1, {"name": card["name"], "label": f"the {card['name']} named with --gpu", "where": "requested.gpu"}, cc))
     return out
 
 
@@ -609,7 +630,7 @@ def check_bf16(snapshot: dict) -> list[Finding]:
     if not old:
         return []
     i, g, cc = old[0]
-    ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
+    ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
     if "bf16" in want:
         ev.append(_ev("requested", f"bf16 requested by {want['bf16']}"))
         return [_finding(
@@ -640,7 +661,7 @@ def check_flash_attn_support(snapshot: dict) -> list[Finding]:
     if old and ("flash-attn" in want or installed):
         i, g, cc = old[0]
         asked = "flash-attn" in want
-        ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
+        ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
         if asked:
             ev.append(_ev("requested", f"flash-attn requested by {want['flash-attn']}"))
         out.append(_finding(
@@ -656,7 +677,7 @@ def check_flash_attn_support(snapshot: dict) -> list[Finding]:
         out.append(_finding(
             "env.flash_attn_unsupported", "warning",
             f"FlashAttention 3 ({fa3}) is installed but it needs a Hopper GPU; {_gpu_label(i, g)} is {cc[0]}.{cc[1]}",
-            evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(f"nvidia.gpus[{i}]", str(g.get("name")))],
+            evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(_gpu_where(i, g), str(g.get("name")))],
             fixes=[Fix("Use FlashAttention 2 or SDPA on this GPU", 'attn_implementation="flash_attention_2"  # or "sdpa"')],
         ))
     return out
@@ -1099,7 +1120,87 @@ def check_deep_matmul(snapshot: dict) -> list[Finding]:
 
 
 # The GPU test (`loradoctor repro run ID`) that confirms a finding of this cause on the machine itself.
-def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Finding]:
+# ---------------------------------------------------------------- can this machine fine-tune on a GPU?
+
+GATE_CHECK = "gpu_training"
+# A probe error that means "there is no NVIDIA driver / GPU here" (a timeout or a mismatch means something else).
+_NO_DRIVER = re.compile(r"not found|no nvidia|no devices|shows no|(?:couldn't|could not) communicate|not installed|"
+                        r"no such file|has failed", re.I)
+# Checks whose error or warning already says why GPU training cannot start here (the gate stays silent then).
+_GATE_EXPLAINED_BY = ("nvml_mismatch", "torch_installed", "torch_broken", "torch_cpu_only", "driver_too_old", "no_gpu_visible")
+
+
+def gpu_training_blockers(snapshot: dict) -> list[tuple[str, str]]:
+    """(where, why) for what is known to stop GPU fine-tuning on the machine the snapshot describes: no
+    NVIDIA driver or GPU, no torch, a CPU-only torch, a CUDA torch that sees no GPU. Only what the snapshot
+    shows counts: an `nvidia-smi` paste says nothing about torch, so torch is not a blocker there."""
+    t = torch_info(snapshot)
+    if t.get("hip_version") or "+rocm" in str(t.get("version") or ""):
+        return []  # an AMD machine: not ours to judge
+    out: list[tuple[str, str]] = []
+    nv = snapshot.get("nvidia")
+    if isinstance(nv, dict):
+        if nv.get("error") and _NO_DRIVER.search(str(nv["error"])):
+            out.append(("nvidia.error", "no NVIDIA GPU or driver was found (" + str(nv["error"]).replace("could not check: ", "") + ")"))
+        elif isinstance(nv.get("gpus"), list) and not gpus(snapshot):
+            out.append(("nvidia.gpus", "the NVIDIA driver lists no GPU"))
+    if t.get("installed") is False:
+        out.append(("torch", "torch is not installed"))
+    elif t.get("installed") and torch_ok(snapshot):
+        if torch_is_cuda_build(snapshot) is False:
+            out.append(("torch.cuda_version", f"torch {t.get('version')} is a CPU-only build"))
+        elif torch_is_cuda_build(snapshot) and gpus(snapshot) and (t.get("cuda_available") is False or t.get("device_count") == 0):
+            out.append(("torch.device_count", f"torch {t.get('version')} cannot see the GPU"))
+    return out
+
+
+@check(GATE_CHECK, area="gpu")
+def check_gpu_training(snapshot: dict) -> list[Finding]:
+    """GPU fine-tuning is possible here: an NVIDIA GPU, and a CUDA torch that sees it"""
+    blockers = gpu_training_blockers(snapshot)
+    if not blockers:
+        return []
+    for chk in CHECKS:
+        try:
+            explained = chk.name in _GATE_EXPLAINED_BY and any(f.severity != "info" for f in chk.fn(snapshot))
+        except Exception:  # noqa: BLE001 - that check reports its own failure
+            explained = False
+        if explained:
+            return []  # that finding leads and says why
+    why = [w for _, w in blockers]
+    no_gpu = any(where.startswith("nvidia") for where, _ in blockers)
+    reason = why[0] if len(why) == 1 else ", ".join(why[:-1]) + " and " + why[-1]
+    fixes = []
+    if any(where == "torch" or where == "torch.cuda_version" for where, _ in blockers):
+        fixes.append(Fix("On the machine you train on, install a CUDA build of torch (pick the tag for its driver: "
+                         "`loradoctor env` there names it)", f"pip install torch --index-url {TORCH_INDEX}/cu128"))
+    asked = requested(snapshot)
+    evidence = [_ev(where, w) for where, w in blockers] + [_ev("requested", f"{feat} requested by {src}") for feat, src in asked.items()]
+    fixes.append(Fix("Check the machine you will train on, with the features you will use", "loradoctor env --want bf16"))
+    fixes.append(Fix("Or judge the features against that card from here", "loradoctor env --gpu 'RTX 4090' --want bf16,flash-attn"))
+    return [_finding(
+        "env.no_gpu_visible" if no_gpu else "env.torch_cpu_only", "warning",
+        f"GPU fine-tuning is not possible here: {reason}",
+        summary="A LoRA / QLoRA run would stop at the first `.cuda()` (or crawl on the CPU). CPU work and tests are fine here.",
+        evidence=evidence,
+        facts={"gpu_fine_tuning_possible": False, "reasons": why}, fixes=fixes, confidence=0.95,
+    )]
+
+
+def _gate_severity(findings: list[Finding], snapshot: dict, strict: bool) -> None:
+    """Issue 12: a machine that cannot fine-tune on a GPU is an error when a GPU feature was asked for with
+    --want (here, not on a card named with --gpu), or under --strict; and that finding leads the report."""
+    want = _section(snapshot, "requested")
+    asked_here = bool(want.get("features")) and not named_card(snapshot)
+    for f in findings:
+        if f.severity == "warning" and (f.rule == f"env.{GATE_CHECK}" or (
+                f.rule[4:] in _GATE_EXPLAINED_BY and f.cause in ("env.torch_cpu_only", "env.no_gpu_visible"))):
+            if strict or asked_here:
+                f.severity = "error"
+
+
+
+def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None, strict: bool = False) -> list[Finding]:
     """Run every check (or the named ones) on a snapshot; findings ranked errors first, then numbered
     in the order a report shows them (grouped by area).
 
@@ -1128,7 +1229,26 @@ def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Fin
         for f in produced:
             f.rule, f.area = f"env.{chk.name}", chk.area
         findings.extend(produced)
+    _gate_severity(findings, snapshot, strict)
     for f in findings:
         if f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
             f.repro = catalogue.get(f.cause).repro
-    return assign_ranks(findings)
+    return display_order(assign_ranks(findings))
+
+
+def display_order(ranked: list[Finding]) -> list[Finding]:
+    """Renumber ranked findings in the order a report shows them: the GPU gate first, then the problems
+    (error / warning) grouped by area, areas in the order of their most important finding, then the info
+    notes grouped the same way; so the numbers read 1, 2, 3 down the page and JSON lists the same order."""
+    gate = [f for f in ranked if f.rule == f"env.{GATE_CHECK}"]
+    rest = [f for f in ranked if f.rule != f"env.{GATE_CHECK}"]
+    ordered = list(gate)
+    for tier in ([f for f in rest if f.severity != "info"], [f for f in rest if f.severity == "info"]):
+        areas: list[str] = []
+        for f in tier:
+            if f.area not in areas:
+                areas.append(f.area)
+        ordered += [f for area in areas for f in tier if f.area == area]
+    for i, f in enumerate(ordered, 1):
+        f.rank = i
+    return ordered
