@@ -271,6 +271,11 @@ def _torch_base_version(snapshot: dict) -> Optional[str]:
     return v.split("+")[0] or None
 
 
+def _count(n: int, word: str) -> str:
+    """'1 GPU', '2 GPUs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _ev(where: str, text: str) -> Evidence:
     return Evidence(file=f"snapshot:{where}", line=None, text=text)
 
@@ -333,14 +338,14 @@ def _finding(cause: str, severity: str, title: Optional[str] = None, words: Opti
     (loradoctor/data/causes.yaml), filled with the finding's facts and `words` (values only the wording needs)."""
     from loradoctor import catalogue
 
+    if kw.get("facts"):
+        kw["facts"] = {k: v for k, v in kw["facts"].items() if v is not None}  # unknown is absent, never "None"
     facts_ = {**(kw.get("facts") or {}), **(words or {})}
     kw.setdefault("confidence", 0.9)
-    if title is None:
+    if title is None:  # the wording is the catalogue's: headline, summary and next steps
         title = catalogue.headline(cause, facts_)
-    if "summary" not in kw:
-        kw["summary"] = catalogue.summary(cause, facts_)
-    if "fixes" not in kw:
-        kw["fixes"] = [Fix(text, command) for text, command in catalogue.fixes_for(cause, facts_, "env")]
+        kw.setdefault("summary", catalogue.summary(cause, facts_))
+        kw.setdefault("fixes", [Fix(text, command) for text, command in catalogue.fixes_for(cause, facts_, "env")])
     return Finding(cause=cause, rule="", severity=severity, title=title, **kw)
 
 
@@ -448,7 +453,8 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
     wheel, pin, note = pick_wheel(snapshot, ccs)
     fixes = []
     if wheel:
-        fixes.append(Fix(f"Install the CUDA build your driver supports (driver CUDA {ceiling or '?'} -> {wheel['tag']}){note}",
+        via = f"driver CUDA {ceiling} -> {wheel['tag']}" if ceiling else wheel["tag"]
+        fixes.append(Fix(f"Install the CUDA build your driver supports ({via}){note}",
                          pip_torch_line(wheel, pin)))
     else:
         need = wheel_for_arch(ccs)
@@ -458,10 +464,12 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
                              f"pip install --force-reinstall torch --index-url {TORCH_INDEX}/{need['tag']}"))
     fixes.append(Fix("Check afterwards", "python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'"))
     return [_finding(
-        "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {len(all_gpus)} NVIDIA GPU(s)",
+        "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {_count(len(all_gpus), 'NVIDIA GPU')}",
         summary="Training would run on the CPU, or fail with `Torch not compiled with CUDA enabled`.",
         evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None"),
-                  _ev("nvidia.gpus[0]", f"{all_gpus[0].get('name', '?')}, driver {_section(snapshot, 'nvidia').get('driver_version', '?')}")],
+                  _ev("nvidia.gpus[0]", ", ".join(filter(None, [
+                      str(all_gpus[0].get("name") or "GPU 0"),
+                      f"driver {_section(snapshot, 'nvidia')['driver_version']}" if _section(snapshot, "nvidia").get("driver_version") else ""])))],
         facts={"torch_version": version, "driver_cuda": ceiling}, fixes=fixes,
     )]
 
@@ -548,7 +556,7 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
     if all_gpus and cvd is not None and not visible_gpus(snapshot):
         out.append(_finding(
             "env.no_gpu_visible", "error",
-            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {len(all_gpus)} GPU(s)",
+            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {_count(len(all_gpus), 'GPU')}",
             summary="CUDA sees no device: `No CUDA GPUs are available` / device count 0.",
             evidence=[_ev("env_vars.CUDA_VISIBLE_DEVICES", repr(cvd)),
                       _ev("nvidia.gpus", ", ".join(f"{g.get('index', i)}: {g.get('name')}" for i, g in enumerate(all_gpus)))],
@@ -559,12 +567,12 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
     explained = bool(check_driver_too_old(snapshot)) or bool(check_nvml_mismatch(snapshot))
     if all_gpus and cuda_build and torch_ok(snapshot) and t.get("device_count") == 0 and "device_count" in t and not explained:
         ev = [_ev("torch.device_count", "torch.cuda.device_count() = 0, cuda.is_available() = False"),
-              _ev("nvidia.gpus", f"the driver lists {len(all_gpus)} GPU(s): {all_gpus[0].get('name')}")]
+              _ev("nvidia.gpus", f"the driver lists {_count(len(all_gpus), 'GPU')}: {all_gpus[0].get('name') or 'name not shown'}")]
         ev += [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
                if "CUDA" in ln][:3]
         out.append(_finding(
             "env.no_gpu_visible", "error",
-            f"nvidia-smi sees {len(all_gpus)} GPU(s) but torch sees none",
+            f"nvidia-smi sees {_count(len(all_gpus), 'GPU')} but torch sees none",
             summary="Usually `nvidia_uvm` not loaded or wedged (after suspend/resume), missing /dev/nvidia* nodes in a container, "
                     "or a CUDA_VISIBLE_DEVICES change after start.",
             evidence=ev,
@@ -919,7 +927,11 @@ def check_other_process(snapshot: dict) -> list[Finding]:
             used = p.get("used_bytes") or 0
             if p.get("ours") or used < threshold:
                 continue
-            pid, name = p.get("pid"), p.get("name") or "?"
+            pid, name = p.get("pid"), p.get("name") or "name not shown"
+            if pid is None:
+                pid_text, kill = "pid not shown", "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+            else:
+                pid_text, kill = f"pid {pid}", f"kill {pid}   # then: kill -9 {pid}"
             zombie = p.get("alive") is False or p.get("status") == "zombie"
             tight = total and free is not None and free < 0.1 * total
             parent = f"kill {p['ppid']}" if p.get("ppid") else f"kill $(ps -o ppid= -p {pid})"
@@ -928,15 +940,15 @@ def check_other_process(snapshot: dict) -> list[Finding]:
                       Fix("If the memory stays held, reset the GPU when nothing else runs on it",
                           f"sudo nvidia-smi --gpu-reset -i {g.get('index', i)}")]
                      if zombie else
-                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}")])
+                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", kill)])
             if not zombie and len(gpus(snapshot)) > 1:
                 fixes.append(Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}"))
             out.append(_finding(
                 "oom.other_process", "error" if tight else "warning",
                 f"{'A dead/zombie process' if zombie else 'Another process'} holds {format_bytes(used)} on {_gpu_label(i, g)}: "
-                f"pid {pid} ({name})",
-                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total else "",
-                evidence=[_ev(f"nvidia.gpus[{i}].processes", f"pid {pid} {name} {format_bytes(used)}"
+                f"{pid_text} ({name})",
+                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total and free is not None else "",
+                evidence=[_ev(f"nvidia.gpus[{i}].processes", f"{pid_text} {name} {format_bytes(used)}"
                               + (" (not running: zombie)" if zombie else ""))],
                 facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, fixes=fixes, confidence=0.85,
             ))
@@ -967,9 +979,10 @@ def check_thermal_power(snapshot: dict) -> list[Finding]:
             if bad:
                 ev.append(_ev(f"nvidia.gpus[{i}].throttle_reasons", ", ".join(sorted(reasons))))
             if temp is not None:
-                ev.append(_ev(f"nvidia.gpus[{i}].temperature_c", f"{temp} C (slowdown at {slow if slow is not None else '?'} C)"))
+                ev.append(_ev(f"nvidia.gpus[{i}].temperature_c", f"{temp} C (slowdown at {slow} C)" if slow is not None else f"{temp} C"))
             if g.get("power_draw_w") is not None:
-                ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {g.get('power_limit_w', '?')} W"))
+                limit = g.get("power_limit_w")
+                ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {limit} W" if limit is not None else f"{g.get('power_draw_w')} W"))
             out.append(_finding(
                 "hw.thermal_power", "warning",
                 f"{_gpu_label(i, g)} is throttling: {', '.join(bad) or 'near its slowdown temperature'}",
@@ -984,7 +997,7 @@ def check_thermal_power(snapshot: dict) -> list[Finding]:
         if wc and wm and wc < wm:
             out.append(_finding(
                 "hw.thermal_power", "info",
-                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm} (gen {gc or '?'} of {gm or '?'})",
+                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm}" + (f" (gen {gc} of {gm})" if gc and gm else ""),
                 summary="The link drops at idle; a narrow width under load points at the slot, riser or BIOS settings.",
                 evidence=[_ev(f"nvidia.gpus[{i}].pcie_width_current", f"x{wc} of x{wm}")], confidence=0.4,
             ))
@@ -1005,7 +1018,7 @@ def check_memory_errors(snapshot: dict) -> list[Finding]:
                 severity = sev
 
         if (g.get("ecc_uncorrected_volatile") or 0) > 0:
-            flag("ecc_uncorrected_volatile", f"{g['ecc_uncorrected_volatile']} uncorrectable ECC errors since the last reset", "error")
+            flag("ecc_uncorrected_volatile", f"{_count(g['ecc_uncorrected_volatile'], 'uncorrectable ECC error')} since the last reset", "error")
         if g.get("remapped_rows_failure"):
             flag("remapped_rows_failure", "row remapping failure occurred", "error")
         if g.get("remapped_rows_pending"):
@@ -1013,11 +1026,11 @@ def check_memory_errors(snapshot: dict) -> list[Finding]:
         if g.get("retired_pages_pending"):
             flag("retired_pages_pending", "page retirement pending: the GPU needs a reset", "error")
         if (g.get("ecc_uncorrected_aggregate") or 0) > 0:
-            flag("ecc_uncorrected_aggregate", f"{g['ecc_uncorrected_aggregate']} uncorrectable ECC errors over the card's life", "warning")
+            flag("ecc_uncorrected_aggregate", f"{_count(g['ecc_uncorrected_aggregate'], 'uncorrectable ECC error')} over the card's life", "warning")
         if (g.get("retired_pages_dbe") or 0) > 0:
-            flag("retired_pages_dbe", f"{g['retired_pages_dbe']} pages retired for double-bit errors", "warning")
+            flag("retired_pages_dbe", f"{_count(g['retired_pages_dbe'], 'page')} retired for double-bit errors", "warning")
         if (g.get("remapped_rows_uncorrectable") or 0) > 0:
-            flag("remapped_rows_uncorrectable", f"{g['remapped_rows_uncorrectable']} rows remapped for uncorrectable errors", "warning")
+            flag("remapped_rows_uncorrectable", f"{_count(g['remapped_rows_uncorrectable'], 'row')} remapped for uncorrectable errors", "warning")
         if severity:
             idx = g.get("index", i)
             out.append(_finding(
@@ -1049,6 +1062,7 @@ def check_host(snapshot: dict) -> list[Finding]:
         ))
     for key, label in (("disk_free_cwd_bytes", "the working directory (checkpoints)"), ("disk_free_hf_cache_bytes", "the Hugging Face cache")):
         free = s.get(key)
+        where = key.replace("disk_free_", "path_").replace("_bytes", "")
         if key == "disk_free_hf_cache_bytes" and free == s.get("disk_free_cwd_bytes"):
             continue  # same filesystem: one finding is enough
         if free is not None and free < 20 * GIB:
@@ -1056,7 +1070,7 @@ def check_host(snapshot: dict) -> list[Finding]:
                 "env.disk_space", "warning" if free >= 5 * GIB else "error",
                 f"Only {format_bytes(free)} free for {label}",
                 summary="A 7B model download is ~15 GB; each full checkpoint as much again (adapters are small).",
-                evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s.get(key.replace('_bytes', '_path').replace('disk_free_', 'path_'), '?')}")],
+                evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s[where]}" if s.get(where) else f"{format_bytes(free)} free")],
                 fixes=[Fix("Free space or point the cache elsewhere", "export HF_HOME=/path/with/space"),
                        Fix("Keep fewer checkpoints", "save_total_limit=2")],
                 confidence=0.7,
@@ -1095,7 +1109,7 @@ def check_deep_matmul(snapshot: dict) -> list[Finding]:
         idx = r.get("index")
         dev = devices.get(idx, {})
         cc = cc_tuple(dev.get("capability"))
-        label = f"GPU {idx} ({dev.get('name', '?')})"
+        label = f"GPU {idx} ({dev['name']})" if dev.get("name") else f"GPU {idx}"
         for dtype in ("bf16", "fp16"):
             res = r.get(dtype)
             if not isinstance(res, dict) or res.get("ok"):

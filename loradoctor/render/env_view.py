@@ -50,7 +50,15 @@ def verdict(snapshot: dict, findings: list[Finding]) -> str:
         if c["warning"]:
             parts.append(_plural(c["warning"], "warning"))
         return f"{', '.join(parts)}: {worst[0].title}{_card_note(snapshot)}"
-    return f"No problems found: {_machine_line(snapshot)}{_card_note(snapshot)}"
+    partly = " in what could be read" if not_understood(snapshot) else ""
+    return f"No problems found{partly}: {_machine_line(snapshot)}{_card_note(snapshot)}"
+
+
+def not_understood(snapshot: dict) -> list[str]:
+    """Parts of a pasted report that were seen but could not be read (snapshot.py records them)."""
+    meta = snapshot.get("meta") if isinstance(snapshot.get("meta"), dict) else {}
+    notes = meta.get("not_understood")
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def _named_card(snapshot: dict) -> dict:
@@ -72,6 +80,8 @@ def _machine_line(snapshot: dict) -> str:
     name = gpus[0].get("name") if gpus else None
     if gpus:
         gpu_text = f"{_plural(len(gpus), 'GPU')} ({name})" if name else _plural(len(gpus), "GPU")
+    elif isinstance(snapshot.get("nvidia"), dict) and snapshot["nvidia"].get("error"):
+        gpu_text = "NVIDIA GPUs not checked"
     elif "nvidia" in snapshot:
         gpu_text = "no NVIDIA GPU"
     else:
@@ -198,6 +208,8 @@ def print_env_report(con: Any, snapshot: dict, findings: list[Finding], verbose:
         con.print(f"  [bold]{escape(label.ljust(width))}[/]  {escape(text)}")
     for section, reason in could_not_check(snapshot):
         con.print(f"  [yellow]{escape(section.ljust(width))}[/]  could not check: {escape(reason)}")
+    for note in not_understood(snapshot):
+        con.print(f"  [yellow]{escape('unread'.ljust(width))}[/]  not understood: {escape(note)}")
     src = (snapshot.get("meta") or {}).get("source")
     if src and src != "live":
         con.print(f"  [dim]read from {escape(str(src))} text: only what it shows was checked[/]")
@@ -229,6 +241,8 @@ def env_markdown(snapshot: dict, findings: list[Finding]) -> str:
         out.append(f"| {label} | {text.replace('|', '/')} |")
     for section, reason in could_not_check(safe):
         out.append(f"| {section} | could not check: {reason.replace('|', '/')} |")
+    for note in not_understood(safe):
+        out.append(f"| unread | not understood: {note.replace('|', '/')} |")
     body = "\n".join(out)
     redacted_findings = [_redact_finding(f, snapshot) for f in findings]
     return findings_md(redacted_findings, title="loradoctor env", preamble=body)
