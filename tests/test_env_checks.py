@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -312,3 +313,25 @@ def test_deep_matmul_results():
 def test_findings_name_the_confirming_repro():
     f = next(f for f in run_checks(load("t4_bf16_requested")) if f.cause == "env.bf16_unsupported")
     assert f.repro == "bf16"  # from the cause catalogue (loradoctor/data/causes.yaml)
+
+
+def test_every_registered_check_is_documented():
+    from conftest import ROOT
+
+    documented = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "env.md").read_text(), re.M))
+    assert set(checks.CHECK_NAMES) <= documented, set(checks.CHECK_NAMES) - documented
+
+
+def test_the_gate_stays_silent_when_another_check_already_says_why():
+    for name in ("cpu_only_wheel", "torch_segfault", "driver_too_old", "nvml_mismatch", "container_no_gpu",
+                 "wsl_no_libcuda", "cvd_hides_gpus", "healthy_ampere_32gb"):
+        assert not [f for f in run_checks(load(name)) if f.rule == "env.gpu_training"], name
+
+
+def test_torch_that_cannot_see_the_gpu_is_a_reason_of_the_gate():
+    snap = load("healthy_ampere_32gb")
+    snap["torch"].update(cuda_available=False, device_count=0)
+    blockers = checks.gpu_training_blockers(snap)
+    assert blockers == [("torch.device_count", "torch 2.5.1+cu124 cannot see the GPU")]
+    # the no_gpu_visible check explains it (the driver lists a GPU that torch does not see), so it leads alone
+    assert [f.rule for f in run_checks(snap) if f.severity == "error"] == ["env.no_gpu_visible"]
