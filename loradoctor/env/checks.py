@@ -793,14 +793,17 @@ def check_ld_library_path(snapshot: dict) -> list[Finding]:
     dirs = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
     if not dirs or not torch_info(snapshot).get("installed"):
         return []
-    libs = sorted({lib for d in dirs for lib in d.get("libs", [])})
+    dirs = [d for d in dirs if isinstance(d, dict) and d.get("dir")]
+    if not dirs:
+        return []
+    libs = sorted({lib for d in dirs for lib in d.get("libs") or []})
     cudnn = any("cudnn" in lib for lib in libs)
     return [_finding(
         "env.cudnn" if cudnn else "env.version_conflict", "warning",
         "LD_LIBRARY_PATH puts system CUDA libraries ahead of the ones the torch wheel ships",
         summary="A different libcudnn / libcudart / libnccl found first gives `cuDNN version incompatibility`, "
                 "`undefined symbol` or NCCL failures.",
-        evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d.get('dir')}: {', '.join(d.get('libs', []))}") for d in dirs[:4]],
+        evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d['dir']}: {', '.join(d.get('libs') or [])}") for d in dirs[:4]],
         fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)", _ld_fix(snapshot, dirs))],
         confidence=0.6,
     )]
@@ -1032,15 +1035,8 @@ def check_memory_errors(snapshot: dict) -> list[Finding]:
         if (g.get("remapped_rows_uncorrectable") or 0) > 0:
             flag("remapped_rows_uncorrectable", f"{_count(g['remapped_rows_uncorrectable'], 'row')} remapped for uncorrectable errors", "warning")
         if severity:
-            idx = g.get("index", i)
-            out.append(_finding(
-                "hw.memory_errors", severity, f"{_gpu_label(i, g)} reports GPU memory errors",
-                summary="Uncorrectable errors kill the process touching the memory (Xid 48/94/95); pending remaps take effect after a reset.",
-                evidence=ev,
-                fixes=[Fix("Reset the GPU when nothing runs on it (or reboot)", f"sudo nvidia-smi --gpu-reset -i {idx}"),
-                       Fix("Then run the vendor diagnostic; RMA the card if errors come back", "dcgmi diag -r 3")],
-                confidence=0.85,
-            ))
+            out.append(_finding("hw.memory_errors", severity, evidence=ev, confidence=0.85,
+                                words={"gpu": _gpu_label(i, g), "gpu_index": g.get("index", i)}))
     return out
 
 
@@ -1051,15 +1047,8 @@ def check_host(snapshot: dict) -> list[Finding]:
     out = []
     shm = s.get("shm_bytes")
     if shm is not None and shm < 1 * GIB:
-        out.append(_finding(
-            "oom.shm", "warning" if s.get("container") else "info",
-            f"/dev/shm is only {format_bytes(shm)}",
-            summary="DataLoader workers pass batches through /dev/shm; too small gives `Bus error` or killed workers.",
-            evidence=[_ev("system.shm_bytes", format_bytes(shm))],
-            fixes=[Fix("Give the container more shared memory", "docker run --shm-size=16g ...   # or --ipc=host"),
-                   Fix("Or load data in the main process", "dataloader_num_workers=0")],
-            confidence=0.7,
-        ))
+        out.append(_finding("oom.shm", "warning" if s.get("container") else "info", confidence=0.7,
+                            evidence=[_ev("system.shm_bytes", format_bytes(shm))], words={"shm_size": format_bytes(shm)}))
     for key, label in (("disk_free_cwd_bytes", "the working directory (checkpoints)"), ("disk_free_hf_cache_bytes", "the Hugging Face cache")):
         free = s.get(key)
         where = key.replace("disk_free_", "path_").replace("_bytes", "")
@@ -1067,22 +1056,14 @@ def check_host(snapshot: dict) -> list[Finding]:
             continue  # same filesystem: one finding is enough
         if free is not None and free < 20 * GIB:
             out.append(_finding(
-                "env.disk_space", "warning" if free >= 5 * GIB else "error",
-                f"Only {format_bytes(free)} free for {label}",
-                summary="A 7B model download is ~15 GB; each full checkpoint as much again (adapters are small).",
+                "env.disk_space", "warning" if free >= 5 * GIB else "error", confidence=0.7,
                 evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s[where]}" if s.get(where) else f"{format_bytes(free)} free")],
-                fixes=[Fix("Free space or point the cache elsewhere", "export HF_HOME=/path/with/space"),
-                       Fix("Keep fewer checkpoints", "save_total_limit=2")],
-                confidence=0.7,
+                words={"free": format_bytes(free), "place": label},
             ))
     ram = s.get("ram_total_bytes")
     if ram is not None and ram < 16 * GIB and gpus(snapshot):
-        out.append(_finding(
-            "oom.host_ram", "info", f"The host has {format_bytes(ram)} of RAM",
-            summary="Loading a 7B model's weights passes through host RAM; under 16 GiB the kernel's OOM killer may end the run.",
-            evidence=[_ev("system.ram_total_bytes", format_bytes(ram))],
-            fixes=[Fix("Load with low_cpu_mem_usage and safetensors, or add swap", "low_cpu_mem_usage=True")], confidence=0.5,
-        ))
+        out.append(_finding("oom.host_ram", "info", confidence=0.5, evidence=[_ev("system.ram_total_bytes", format_bytes(ram))],
+                            words={"ram": format_bytes(ram)}))
     return out
 
 

@@ -117,6 +117,8 @@ _FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     "card": {"name": (_STR,), "compute_capability": (_STR, _NUM)},
     "ld_dir": {"dir": (_STR,), "libs": (_LIST,)},
 }
+# torch.version.cuda = None is what a CPU build reports: there null is a fact, not "unknown".
+_NULL_SAYS_SOMETHING = {"cuda_version", "hip_version", "wsl_libcuda", "cudnn_version"}
 _KIND_WORDS = {_NUM: "a number (at most 1e18)", _INT: "an integer (at most 1e18)", _STR: "a string",
                _BOOL: "true or false", _LIST: "a list", _DICT: "an object"}
 _SECTION_KIND = {"meta": "meta", "system": "system", "nvidia": "nvidia", "torch": "torch", "bitsandbytes": "extension",
@@ -148,6 +150,8 @@ def _shown(value: Any) -> str:
 def _check_fields(obj: Any, kind: str, where: str) -> None:
     if not isinstance(obj, dict):
         raise UserError(f"snapshot field {where}: expected an object, not {_shown(obj)}")
+    for key in [k for k, v in obj.items() if v is None and k in _FIELDS[kind] and k not in _NULL_SAYS_SOMETHING]:
+        del obj[key]  # null means unknown, which is what a missing key says to the checks
     for key, kinds in _FIELDS[kind].items():
         if key in obj and obj[key] is not None and not _type_ok(obj[key], kinds):
             what = " or ".join(_KIND_WORDS[k] for k in kinds)
