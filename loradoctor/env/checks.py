@@ -1186,7 +1186,8 @@ def _gate_severity(findings: list[Finding], snapshot: dict, strict: bool) -> Non
     """Issue 12: a machine that cannot fine-tune on a GPU is an error when a GPU feature was asked for with
     --want (here, not on a card named with --gpu), or under --strict; and that finding leads the report."""
     want = _section(snapshot, "requested")
-    asked_here = bool(want.get("features")) and not named_card(snapshot)
+    # `env --want` only: preflight records its run config as a request too, and decides GO / NO-GO itself.
+    asked_here = bool(want.get("features")) and want.get("source", "--want") == "--want" and not named_card(snapshot)
     for f in findings:
         if f.severity == "warning" and (f.rule == f"env.{GATE_CHECK}" or (
                 f.rule[4:] in _GATE_EXPLAINED_BY and f.cause in ("env.torch_cpu_only", "env.no_gpu_visible"))):
