@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_fixture_findings(name):
 
 def test_every_check_fires_on_some_fixture():
     fired = {f.rule[4:] for name in EXPECTED for f in run_checks(load(name))}
-    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig", "deep_matmul"}  # covered by the tests below
+    assert set(checks.CHECK_NAMES) - fired <= {"torch_installed", "mig", "deep_matmul", "gpu_training"}  # tests below
 
 
 def _fix_commands(findings, cause):
@@ -183,7 +184,12 @@ def test_torch_not_installed():
     snap = load("healthy_ampere_32gb")
     snap["torch"] = {"installed": False}
     f = next(f for f in run_checks(snap) if f.rule == "env.torch_installed")
-    assert f.severity == "warning" and f.fixes[0].command.endswith("/whl/cu124")
+    assert f.severity == "error"  # bf16 was asked for with --want: no torch means the run cannot start
+    assert f.fixes[0].command.endswith("/whl/cu124")
+    del snap["requested"]
+    snap["env_vars"].pop("ACCELERATE_MIXED_PRECISION", None)
+    findings = run_checks(snap)
+    assert [(f.rule, f.severity) for f in findings if f.severity != "info"] == [("env.torch_installed", "warning")]
 
 
 def test_mig_is_reported():
@@ -260,7 +266,26 @@ def test_a_crashing_check_does_not_hide_the_others():
     bad = copy.deepcopy(snap)
     bad["nvidia"]["gpus"][0]["memory_total_bytes"] = "lots"  # junk a pasted file might carry
     findings = run_checks(bad)
-    assert any(f.title.startswith("could not check other_process") for f in findings)
+    failed = [f for f in findings if f.rule == "env.other_process"]
+    assert [f.cause for f in failed] == ["internal.check_failed"]
+    assert failed[0].title.startswith("could not check: other_process: TypeError")
+    assert failed[0].fixes[0].command == "loradoctor env --check other_process"
+    bad["env_vars"] = {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert "env.bad_setting" in {f.cause for f in run_checks(bad)}  # the other checks still ran
+
+
+def test_a_crashing_torch_check_is_not_reported_as_a_broken_torch(monkeypatch):
+    def boom(snapshot):
+        raise KeyError("arch_list")
+
+    patched = [checks.Check(c.name, c.area, c.description, boom) if c.name == "arch_unsupported" else c
+               for c in checks.CHECKS]
+    monkeypatch.setattr(checks, "CHECKS", patched)
+    findings = run_checks(load("healthy_ampere_32gb"))
+    failed = [f for f in findings if f.rule == "env.arch_unsupported"]
+    assert [(f.cause, f.severity) for f in failed] == [("internal.check_failed", "warning")]
+    assert failed[0].title == "could not check: arch_unsupported: KeyError: 'arch_list'"
+    assert not [f for f in findings if f.cause == "env.torch_broken"]
 
 
 def test_checks_tolerate_an_empty_snapshot():
@@ -287,7 +312,26 @@ def test_deep_matmul_results():
 
 def test_findings_name_the_confirming_repro():
     f = next(f for f in run_checks(load("t4_bf16_requested")) if f.cause == "env.bf16_unsupported")
-    assert f.repro == "bf16"
-    from loradoctor.repro.catalog import REPROS
+    assert f.repro == "bf16"  # from the cause catalogue (loradoctor/data/causes.yaml)
 
-    assert set(checks.CAUSE_REPRO.values()) <= set(REPROS)
+
+def test_every_registered_check_is_documented():
+    from conftest import ROOT
+
+    documented = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "env.md").read_text(), re.M))
+    assert set(checks.CHECK_NAMES) <= documented, set(checks.CHECK_NAMES) - documented
+
+
+def test_the_gate_stays_silent_when_another_check_already_says_why():
+    for name in ("cpu_only_wheel", "torch_segfault", "driver_too_old", "nvml_mismatch", "container_no_gpu",
+                 "wsl_no_libcuda", "cvd_hides_gpus", "healthy_ampere_32gb"):
+        assert not [f for f in run_checks(load(name)) if f.rule == "env.gpu_training"], name
+
+
+def test_torch_that_cannot_see_the_gpu_is_a_reason_of_the_gate():
+    snap = load("healthy_ampere_32gb")
+    snap["torch"].update(cuda_available=False, device_count=0)
+    blockers = checks.gpu_training_blockers(snap)
+    assert blockers == [("torch.device_count", "torch 2.5.1+cu124 cannot see the GPU")]
+    # the no_gpu_visible check explains it (the driver lists a GPU that torch does not see), so it leads alone
+    assert [f.rule for f in run_checks(snap) if f.severity == "error"] == ["env.no_gpu_visible"]

@@ -33,7 +33,8 @@ def test_json_document_shape():
     res = run_cli("env", "--from", snap_path("cpu_only_wheel"), "--format", "json")
     assert res.returncode == 1
     doc = json.loads(res.stdout)
-    assert list(doc) == ["schema", "snapshot", "findings"]
+    assert list(doc) == ["schema", "verdict", "snapshot", "findings"]
+    assert doc["verdict"].startswith("1 error: torch 2.5.1+cpu is a CPU-only build")
     assert doc["schema"] == "loradoctor.env/1"
     assert doc["snapshot"]["schema"] == "loradoctor.snapshot/1"
     f = doc["findings"][0]
@@ -49,11 +50,10 @@ def test_markdown_is_redacted():
     assert "kill $(ps -o ppid= -p 48213)" in res.stdout
 
 
-def test_strict_turns_warnings_into_exit_1():
+def test_strict_turns_warnings_into_exit_1(tmp_path):
     snap = json.loads((SNAPS / "healthy_ampere_32gb.json").read_text())
     snap["env_vars"]["CUDA_LAUNCH_BLOCKING"] = "1"
-    path = FIXTURES.parent / ".pytest_cache" / "env_strict.json"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path / "env_strict.json"
     path.write_text(json.dumps(snap))
     assert run_cli("env", "--from", str(path)).returncode == 0
     assert run_cli("env", "--from", str(path), "--strict").returncode == 1
@@ -95,3 +95,63 @@ def test_help_is_fast_and_lists_env():
     res = run_cli("env", "--help")
     assert res.returncode == 0 and "--from" in res.stdout and "--want" in res.stdout
     assert time.monotonic() - started < 5
+
+
+# ---- issue 12: gates mean what they say
+
+NO_GPU_NO_TORCH = str(FIXTURES / "env" / "collect_env_no_torch.txt")
+
+
+def _cpu_only_without_gpu(tmp_path) -> str:
+    snap = json.loads((SNAPS / "cpu_only_wheel.json").read_text())
+    snap["nvidia"] = {"error": "could not check: NVML: NVML Shared Library Not Found; nvidia-smi not found"}
+    path = tmp_path / "cpu_only_no_gpu.json"
+    path.write_text(json.dumps(snap))
+    return str(path)
+
+
+def test_no_gpu_and_no_torch_leads_with_a_warning():
+    res = run_cli("env", "--from", NO_GPU_NO_TORCH)
+    assert res.returncode == 0, res.stdout
+    assert res.stdout.splitlines()[0].startswith("1 warning: GPU fine-tuning is not possible here: no NVIDIA GPU")
+    assert "No problems found" not in res.stdout
+
+
+@pytest.mark.parametrize("extra", [("--want", "bf16"), ("--strict",), ("--want", "bf16", "--strict")])
+def test_no_gpu_with_a_gpu_feature_or_strict_is_an_error(extra):
+    res = run_cli("env", "--from", NO_GPU_NO_TORCH, *extra, "--format", "json")
+    assert res.returncode == 1, res.stdout
+    doc = json.loads(res.stdout)
+    first = doc["findings"][0]
+    assert (first["severity"], first["rank"], first["rule"]) == ("error", 1, "env.gpu_training")
+    assert first["title"].startswith("GPU fine-tuning is not possible here")
+    assert doc["verdict"].startswith("1 error: GPU fine-tuning is not possible here")
+
+
+def test_cpu_only_torch_without_gpu_is_no_longer_hidden(tmp_path):
+    path = _cpu_only_without_gpu(tmp_path)
+    res = run_cli("env", "--from", path)
+    assert res.returncode == 0
+    assert res.stdout.splitlines()[0] == ("1 warning: GPU fine-tuning is not possible here: no NVIDIA GPU or driver was "
+                                          "found (NVML: NVML Shared Library Not Found; nvidia-smi not found) and torch "
+                                          "2.5.1+cpu is a CPU-only build")
+    assert run_cli("env", "--from", path, "--want", "bf16").returncode == 1
+
+
+def test_want_is_judged_against_a_card_named_with_gpu():
+    healthy = snap_path("healthy_ampere_32gb")
+    t4 = run_cli("env", "--from", healthy, "--gpu", "T4", "--want", "bf16", "--format", "json")
+    assert t4.returncode == 1
+    doc = json.loads(t4.stdout)
+    bf16 = [f for f in doc["findings"] if f["cause"] == "env.bf16_unsupported"]
+    assert [f["severity"] for f in bf16] == ["error"]
+    assert bf16[0]["title"] == "bf16 requested but the T4 named with --gpu has no native bf16"
+    assert bf16[0]["evidence"][0] == {"file": "snapshot:requested.gpu", "line": None,
+                                      "text": "T4 compute capability 7.5 (bf16 needs 8.0, Ampere)"}
+    assert "against the T4 named with --gpu" in doc["verdict"]
+    ok = run_cli("env", "--from", healthy, "--gpu", "RTX 4090", "--want", "bf16,flash-attn")
+    assert ok.returncode == 0, ok.stdout
+    fa = run_cli("env", "--from", healthy, "--gpu", "V100 32GB", "--want", "flash-attn", "--format", "json")
+    assert "env.flash_attn_unsupported" in {f["cause"] for f in json.loads(fa.stdout)["findings"] if f["severity"] == "error"}
+    bad = run_cli("env", "--from", healthy, "--gpu", "Voodoo 2")
+    assert bad.returncode == 2 and "unknown GPU" in bad.stderr and "Traceback" not in bad.stderr

@@ -62,7 +62,11 @@ def test_collect_env_without_torch():
     s = load_snapshot(str(ENV / "collect_env_no_torch.txt"))
     assert s["torch"]["installed"] is False
     assert s["nvidia"]["error"].startswith("could not check")
-    assert causes(s) == set()
+    # issue 12: no GPU and no torch is not "no problems": the report leads with why GPU training cannot work
+    first = run_checks(s)[0]
+    assert (first.cause, first.severity, first.rank) == ("env.no_gpu_visible", "warning", 1)
+    assert first.title == ("GPU fine-tuning is not possible here: no NVIDIA GPU or driver was found "
+                           "(collect_env shows no NVIDIA driver or GPU) and torch is not installed")
 
 
 def test_nvidia_smi_550_table_with_a_busy_gpu():

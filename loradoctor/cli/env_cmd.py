@@ -65,6 +65,8 @@ def build_parser():
     p.add_argument("--python", metavar="PATH", help="probe another interpreter (the one you train with) instead of loradoctor's own")
     p.add_argument("--want", metavar="LIST", help="features you will use, checked against this GPU: bf16, fp16, flash-attn, "
                                                     "bnb (comma-separated); ACCELERATE_MIXED_PRECISION is read too")
+    p.add_argument("--gpu", metavar="NAME", help="also judge the --want features against this card (e.g. 'RTX 4090', T4; "
+                                                 "compute capability from the card table)")
     p.add_argument("--check", action="append", metavar="NAME", help="run only this check (repeatable); see --list-checks")
     p.add_argument("--list-checks", action="store_true", help="list the checks and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="show info findings too")
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
 def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file: Optional[str] = None,
         fmt: str = "text", strict: bool = False, timeout: Optional[float] = None, python: Optional[str] = None,
         want: Optional[str] = None, check: Optional[List[str]] = None, list_checks: bool = False,
-        verbose: bool = False) -> int:
+        verbose: bool = False, gpu: Optional[str] = None) -> int:
     """`loradoctor env` with parsed options; returns the exit code."""
     from loradoctor.env import checks as env_checks
     from loradoctor.render import env_view
@@ -114,7 +116,13 @@ def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file:
             python = resolved
         snapshot = collect_snapshot(deep=deep, quick=quick, timeout_s=timeout, want=features, python=python,
                                     fresh=fresh)
-    findings = env_checks.run_checks(snapshot, only=check or None)
+    if gpu is not None:
+        from loradoctor.estimate.fit import gpu_by_name
+
+        card = gpu_by_name(gpu)
+        snapshot.setdefault("requested", {"features": features, "source": "--want"})["gpu"] = {
+            "name": card.name, "compute_capability": card.compute_capability, "source": "--gpu"}
+    findings = env_checks.run_checks(snapshot, only=check or None, strict=strict)
     _render(snapshot, findings, fmt, verbose)
     return env_view.exit_code(findings, strict=strict)
 

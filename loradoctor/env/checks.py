@@ -271,6 +271,11 @@ def _torch_base_version(snapshot: dict) -> Optional[str]:
     return v.split("+")[0] or None
 
 
+def _count(n: int, word: str) -> str:
+    """'1 GPU', '2 GPUs'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _ev(where: str, text: str) -> Evidence:
     return Evidence(file=f"snapshot:{where}", line=None, text=text)
 
@@ -281,7 +286,20 @@ def _stderr_evidence(probe: dict, label: str) -> list[Evidence]:
 
 
 def _gpu_label(i: int, g: dict) -> str:
-    return f"GPU {g.get('index', i)} ({g.get('name', '?')})"
+    if g.get("label"):
+        return str(g["label"])
+    name = g.get("name")
+    return f"GPU {g.get('index', i)} ({name})" if name else f"GPU {g.get('index', i)}"
+
+
+def _gpu_where(i: int, g: dict) -> str:
+    return str(g.get("where") or f"nvidia.gpus[{i}]")
+
+
+def named_card(snapshot: dict) -> Optional[dict]:
+    """The card named with `env --gpu NAME` ({"name", "compute_capability"} from the card table), if any."""
+    card = _section(snapshot, "requested").get("gpu")
+    return card if isinstance(card, dict) and card.get("name") else None
 
 
 # ---------------------------------------------------------------- the checks
@@ -295,12 +313,45 @@ class Check:
     fn: Callable[[dict], list[Finding]]
 
 
-def _finding(check: str, cause: str, severity: str, title: str, **kw: Any) -> Finding:
+CHECKS: list[Check] = []  # in registration order, which is the order they run and tie-break in ranking
+CHECK_NAMES: list[str] = []
+
+
+def check(name: str, area: str) -> Callable[[Callable[[dict], list[Finding]]], Callable[[dict], list[Finding]]]:
+    """Register an env check: `@check("nvml_mismatch", area="driver")` over a pure function snapshot ->
+    findings. The name is the check's id (`--check NAME`, rule `env.NAME`); the docstring's first line is
+    what `--list-checks` prints. The runner stamps rule and area on what the function returns."""
+
+    def register(fn: Callable[[dict], list[Finding]]) -> Callable[[dict], list[Finding]]:
+        if name in CHECK_NAMES:
+            raise ValueError(f"env check {name!r} registered twice")
+        description = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else name
+        CHECKS.append(Check(name, area, description, fn))
+        CHECK_NAMES.append(name)
+        return fn
+
+    return register
+
+
+def _finding(cause: str, severity: str, title: Optional[str] = None, words: Optional[dict] = None, **kw: Any) -> Finding:
+    """A finding of `cause`; title, summary and fixes not given come from the cause catalogue
+    (loradoctor/data/causes.yaml), filled with the finding's facts and `words` (values only the wording needs)."""
+    from loradoctor import catalogue
+
+    if kw.get("facts"):
+        kw["facts"] = {k: v for k, v in kw["facts"].items() if v is not None}  # unknown is absent, never "None"
+    facts_ = {**(kw.get("facts") or {}), **(words or {})}
     kw.setdefault("confidence", 0.9)
-    return Finding(cause=cause, rule=f"env.{check}", severity=severity, title=title, area=CHECK_AREAS.get(check, ""), **kw)
+    if title is None:  # the wording is the catalogue's: headline, summary and next steps
+        title = catalogue.headline(cause, facts_)
+        kw.setdefault("summary", catalogue.summary(cause, facts_))
+        kw.setdefault("fixes", [Fix(text, command) for text, command in catalogue.fixes_for(cause, facts_, "env")])
+    return Finding(cause=cause, rule="", severity=severity, title=title, **kw)
 
 
+@check("nvml_mismatch", area="driver")
 def check_nvml_mismatch(snapshot: dict) -> list[Finding]:
+    """kernel module vs user-space driver libraries (reboot after a driver upgrade)"""
     nv = _section(snapshot, "nvidia")
     err = str(nv.get("error") or "")
     km, lib = nv.get("kernel_module_version"), nv.get("library_version")
@@ -315,19 +366,13 @@ def check_nvml_mismatch(snapshot: dict) -> list[Finding]:
         ev.append(_ev("nvidia.kernel_module_version", f"kernel module {km} (/proc/driver/nvidia/version)"))
     if lib:
         ev.append(_ev("nvidia.library_version", f"user-space driver libraries {lib}"))
-    return [_finding(
-        "nvml_mismatch", "env.nvml_mismatch", "error",
-        "NVIDIA kernel module and driver libraries differ (driver upgraded without a reboot)",
-        summary=(f"The loaded kernel module is {km or '?'} but the libraries are {lib or '?'}; NVML and CUDA refuse to "
-                 "start until they match."),
-        evidence=ev, facts={"kernel_module_version": km, "library_version": lib},
-        fixes=[Fix("Reboot so the new kernel module loads", "sudo reboot"),
-               Fix("Or reload the module without a reboot (stop every GPU process first)",
-                   "sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia && nvidia-smi")],
-    )]
+    return [_finding("env.nvml_mismatch", "error", evidence=ev,
+                     facts={"kernel_module_version": km, "library_version": lib})]
 
 
+@check("torch_installed", area="torch")
 def check_torch_installed(snapshot: dict) -> list[Finding]:
+    """torch is installed in this interpreter"""
     t = torch_info(snapshot)
     if "installed" not in t or t.get("installed"):
         return []
@@ -335,7 +380,7 @@ def check_torch_installed(snapshot: dict) -> list[Finding]:
     wheel = best_wheel(driver_cuda_ceiling(snapshot), ccs) if gpus(snapshot) else None
     cmd = f"pip install torch --index-url {TORCH_INDEX}/{wheel['tag']}" if wheel else "pip install torch"
     return [_finding(
-        "torch_installed", "env.torch_cpu_only", "info" if not gpus(snapshot) else "warning",
+        "env.torch_cpu_only", "info" if not gpus(snapshot) else "warning",
         "torch is not installed" + (" in this Python" if _section(snapshot, "meta").get("source") == "live" else ""),
         summary=("loradoctor probed the interpreter it runs in; if you train with another one, run loradoctor there."
                  if _section(snapshot, "meta").get("source") == "live" else ""),
@@ -344,7 +389,9 @@ def check_torch_installed(snapshot: dict) -> list[Finding]:
     )]
 
 
+@check("torch_broken", area="torch")
 def check_torch_broken(snapshot: dict) -> list[Finding]:
+    """`import torch` succeeds in a child process (no ImportError, crash or hang)"""
     t = torch_info(snapshot)
     probe = t.get("probe") if isinstance(t.get("probe"), dict) else {}
     if not t.get("installed") or probe.get("status") in (None, "ok", "missing", "skipped"):
@@ -373,14 +420,16 @@ def check_torch_broken(snapshot: dict) -> list[Finding]:
     fixes.append(Fix("Look for two torch installs or a stray torch/ folder on the path",
                      "python -c 'import importlib.util as u; print(u.find_spec(\"torch\").origin)'; pip list 2>/dev/null | grep -i -E '^(torch|nvidia-)'"))
     return [_finding(
-        "torch_broken", "env.torch_broken", "error", f"torch is installed but {what}",
+        "env.torch_broken", "error", f"torch is installed but {what}",
         summary="Every training script dies at `import torch` until this is fixed; the other checks ran without it.",
         evidence=_stderr_evidence(probe, "torch") or [_ev("torch.probe", f"{status}: {probe.get('reason', '')}")],
         facts={"probe_status": status, "returncode": probe.get("returncode")}, fixes=fixes,
     )]
 
 
+@check("torch_cpu_only", area="torch")
 def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
+    """torch is a CUDA build when the machine has an NVIDIA GPU"""
     t = torch_info(snapshot)
     if not t.get("installed") or "error" in t:
         return []
@@ -393,7 +442,7 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
     all_gpus = gpus(snapshot)
     if not all_gpus:
         return [_finding(
-            "torch_cpu_only", "env.torch_cpu_only", "info",
+            "env.torch_cpu_only", "info",
             f"torch {version} is a CPU-only build and this machine shows no NVIDIA GPU",
             summary="Fine for CPU work and tests; install a CUDA build on the machine you train on.",
             evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None")],
@@ -404,7 +453,8 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
     wheel, pin, note = pick_wheel(snapshot, ccs)
     fixes = []
     if wheel:
-        fixes.append(Fix(f"Install the CUDA build your driver supports (driver CUDA {ceiling or '?'} -> {wheel['tag']}){note}",
+        via = f"driver CUDA {ceiling} -> {wheel['tag']}" if ceiling else wheel["tag"]
+        fixes.append(Fix(f"Install the CUDA build your driver supports ({via}){note}",
                          pip_torch_line(wheel, pin)))
     else:
         need = wheel_for_arch(ccs)
@@ -414,15 +464,19 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
                              f"pip install --force-reinstall torch --index-url {TORCH_INDEX}/{need['tag']}"))
     fixes.append(Fix("Check afterwards", "python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'"))
     return [_finding(
-        "torch_cpu_only", "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {len(all_gpus)} NVIDIA GPU(s)",
+        "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {_count(len(all_gpus), 'NVIDIA GPU')}",
         summary="Training would run on the CPU, or fail with `Torch not compiled with CUDA enabled`.",
         evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None"),
-                  _ev("nvidia.gpus[0]", f"{all_gpus[0].get('name', '?')}, driver {_section(snapshot, 'nvidia').get('driver_version', '?')}")],
+                  _ev("nvidia.gpus[0]", ", ".join(filter(None, [
+                      str(all_gpus[0].get("name") or "GPU 0"),
+                      f"driver {_section(snapshot, 'nvidia')['driver_version']}" if _section(snapshot, "nvidia").get("driver_version") else ""])))],
         facts={"torch_version": version, "driver_cuda": ceiling}, fixes=fixes,
     )]
 
 
+@check("driver_too_old", area="driver")
 def check_driver_too_old(snapshot: dict) -> list[Finding]:
+    """the driver is new enough for torch's CUDA runtime"""
     t = torch_info(snapshot)
     nv = _section(snapshot, "nvidia")
     cuda = t.get("cuda_version")
@@ -433,28 +487,24 @@ def check_driver_too_old(snapshot: dict) -> list[Finding]:
     ceiling = driver_cuda_ceiling(snapshot)
     ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
     ev = [_ev("torch.cuda_version", f"torch {t.get('version')} built with CUDA {cuda}"),
-          _ev("nvidia.driver_version", f"driver {drv} (supports CUDA up to {ceiling or '?'})")]
+          _ev("nvidia.driver_version", f"driver {drv} (supports CUDA up to {ceiling})" if ceiling else f"driver {drv}")]
     too_old = floor is not None and version_tuple(drv) < version_tuple(floor)
     if not too_old:
         return []
     wheel, pin, note = pick_wheel(snapshot, ccs)
     need = facts()["driver_for_cuda_linux"].get(".".join(str(cuda).split(".")[:2]), floor)
-    fixes = [Fix(f"Update the NVIDIA driver to {need} or newer (CUDA {cuda} needs at least {floor})",
-                 "sudo ubuntu-drivers install   # or your distribution's / NVIDIA's driver package")]
-    if wheel:
-        fixes.insert(0, Fix(f"Keep the driver and install the {wheel['tag']} build{note}", pip_torch_line(wheel, pin)))
-        fixes[1].text = "Or " + fixes[1].text[0].lower() + fixes[1].text[1:]
     probe_err = [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
                  if "too old" in ln or "insufficient" in ln][:2]
-    return [_finding(
-        "driver_too_old", "env.driver_too_old", "error",
-        f"NVIDIA driver {drv} is too old for torch's CUDA {cuda} runtime",
-        summary="torch.cuda.is_available() is False and any .cuda() raises `The NVIDIA driver on your system is too old`.",
-        evidence=ev + probe_err, facts={"driver_version": drv, "driver_min": floor, "torch_cuda": cuda}, fixes=fixes,
-    )]
+    words = {"driver_needed": need}
+    if wheel:
+        words.update(wheel_tag=wheel["tag"], wheel_note=note, wheel_command=pip_torch_line(wheel, pin))
+    return [_finding("env.driver_too_old", "error", evidence=ev + probe_err, words=words,
+                     facts={"driver_version": drv, "driver_min": floor, "torch_cuda": cuda})]
 
 
+@check("arch_unsupported", area="torch")
 def check_arch_unsupported(snapshot: dict) -> list[Finding]:
+    """torch's arch list has kernels for every GPU"""
     if not torch_is_cuda_build(snapshot):
         return []
     arch, source = torch_arch_list(snapshot)
@@ -480,7 +530,7 @@ def check_arch_unsupported(snapshot: dict) -> list[Finding]:
                 fixes.append(Fix("No current torch wheel supports this GPU; use an older torch release that still ships its arch"))
         too_old = all((arch_tuple(a) or ("", 99, 0))[1] > cc[0] for a in arch)
         out.append(_finding(
-            "arch_unsupported", "env.arch_unsupported", "error",
+            "env.arch_unsupported", "error",
             f"torch {torch_info(snapshot).get('version')} has no kernels for {_gpu_label(i, g)}, compute capability {cc[0]}.{cc[1]}",
             summary=("The GPU is older than the oldest arch in this build." if too_old else
                      "The first kernel launch fails with `no kernel image is available for execution on the device`; "
@@ -492,7 +542,9 @@ def check_arch_unsupported(snapshot: dict) -> list[Finding]:
     return out
 
 
+@check("no_gpu_visible", area="gpu")
 def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
+    """GPUs the driver sees are visible to CUDA (CUDA_VISIBLE_DEVICES, containers, WSL2)"""
     sysinfo = _section(snapshot, "system")
     nv = _section(snapshot, "nvidia")
     t = torch_info(snapshot)
@@ -503,8 +555,8 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
     cvd = ev_vars.get("CUDA_VISIBLE_DEVICES")
     if all_gpus and cvd is not None and not visible_gpus(snapshot):
         out.append(_finding(
-            "no_gpu_visible", "env.no_gpu_visible", "error",
-            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {len(all_gpus)} GPU(s)",
+            "env.no_gpu_visible", "error",
+            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {_count(len(all_gpus), 'GPU')}",
             summary="CUDA sees no device: `No CUDA GPUs are available` / device count 0.",
             evidence=[_ev("env_vars.CUDA_VISIBLE_DEVICES", repr(cvd)),
                       _ev("nvidia.gpus", ", ".join(f"{g.get('index', i)}: {g.get('name')}" for i, g in enumerate(all_gpus)))],
@@ -515,12 +567,12 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
     explained = bool(check_driver_too_old(snapshot)) or bool(check_nvml_mismatch(snapshot))
     if all_gpus and cuda_build and torch_ok(snapshot) and t.get("device_count") == 0 and "device_count" in t and not explained:
         ev = [_ev("torch.device_count", "torch.cuda.device_count() = 0, cuda.is_available() = False"),
-              _ev("nvidia.gpus", f"the driver lists {len(all_gpus)} GPU(s): {all_gpus[0].get('name')}")]
+              _ev("nvidia.gpus", f"the driver lists {_count(len(all_gpus), 'GPU')}: {all_gpus[0].get('name') or 'name not shown'}")]
         ev += [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
                if "CUDA" in ln][:3]
         out.append(_finding(
-            "no_gpu_visible", "env.no_gpu_visible", "error",
-            f"nvidia-smi sees {len(all_gpus)} GPU(s) but torch sees none",
+            "env.no_gpu_visible", "error",
+            f"nvidia-smi sees {_count(len(all_gpus), 'GPU')} but torch sees none",
             summary="Usually `nvidia_uvm` not loaded or wedged (after suspend/resume), missing /dev/nvidia* nodes in a container, "
                     "or a CUDA_VISIBLE_DEVICES change after start.",
             evidence=ev,
@@ -536,7 +588,7 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
         if nvd is not None:
             ev.append(_ev("env_vars.NVIDIA_VISIBLE_DEVICES", repr(nvd)))
         out.append(_finding(
-            "no_gpu_visible", "env.no_gpu_visible", "error",
+            "env.no_gpu_visible", "error",
             "This container has no GPU: it was started without GPU access",
             summary=f"torch {t.get('version')} is a CUDA build, but no NVIDIA device is mapped into the container.",
             evidence=ev,
@@ -546,7 +598,7 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
         ))
     if sysinfo.get("wsl") and not all_gpus and sysinfo.get("wsl_libcuda") is False:
         out.append(_finding(
-            "no_gpu_visible", "env.no_gpu_visible", "error" if cuda_build else "warning",
+            "env.no_gpu_visible", "error" if cuda_build else "warning",
             "WSL2 without the Windows NVIDIA driver's CUDA library (/usr/lib/wsl/lib/libcuda.so is missing)",
             summary="Under WSL2 the GPU comes from the Windows driver; a Linux NVIDIA driver inside WSL does not work.",
             evidence=[_ev("system.wsl", "WSL2 kernel"), _ev("system.wsl_libcuda", "/usr/lib/wsl/lib/libcuda.so not found")],
@@ -557,6 +609,8 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
 
 
 def _feature_gpus(snapshot: dict) -> list[tuple[int, dict, tuple[int, int]]]:
+    """(index, gpu, compute capability) of the GPUs that features are judged against: the visible GPUs
+    here (or torch's device list of a pasted collect_env), and the card named with --gpu."""
     out = []
     for i, g in visible_gpus(snapshot):
         cc = gpu_cc(g)
@@ -564,23 +618,31 @@ def _feature_gpus(snapshot: dict) -> list[tuple[int, dict, tuple[int, int]]]:
             out.append((i, g, cc))
     if not out:  # a pasted collect_env may carry torch's device list only
         for j, d in enumerate(torch_info(snapshot).get("devices") or []):
+            if not isinstance(d, dict):
+                continue
             cc = cc_tuple(d.get("capability")) or cc_tuple(gpu_cc_from_name(str(d.get("name", ""))))
             if cc:
                 out.append((j, {"index": j, "name": d.get("name")}, cc))
+    card = named_card(snapshot)
+    cc = cc_tuple(card.get("compute_capability")) if card else None
+    if card and cc:
+        out.append((-1, {"name": card["name"], "label": f"the {card['name']} named with --gpu", "where": "requested.gpu"}, cc))
     return out
 
 
+@check("bf16", area="gpu")
 def check_bf16(snapshot: dict) -> list[Finding]:
+    """bf16 only on compute capability >= 8.0"""
     want = requested(snapshot)
     old = [(i, g, cc) for i, g, cc in _feature_gpus(snapshot) if cc < (8, 0)]
     if not old:
         return []
     i, g, cc = old[0]
-    ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
+    ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
     if "bf16" in want:
         ev.append(_ev("requested", f"bf16 requested by {want['bf16']}"))
         return [_finding(
-            "bf16", "env.bf16_unsupported", "error", f"bf16 requested but {_gpu_label(i, g)} has no native bf16",
+            "env.bf16_unsupported", "error", f"bf16 requested but {_gpu_label(i, g)} has no native bf16",
             summary="transformers stops with `Your setup doesn't support bf16/gpu`; torch.cuda.is_bf16_supported() may still say "
                     "True because it counts slow emulation, so loradoctor judges by compute capability.",
             evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"},
@@ -588,13 +650,15 @@ def check_bf16(snapshot: dict) -> list[Finding]:
                    Fix("For QLoRA also compute in fp16", "bnb_4bit_compute_dtype=torch.float16")],
         )]
     return [_finding(
-        "bf16", "env.bf16_unsupported", "info", f"{_gpu_label(i, g)} has no native bf16: use fp16 mixed precision",
+        "env.bf16_unsupported", "info", f"{_gpu_label(i, g)} has no native bf16: use fp16 mixed precision",
         evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"}, confidence=0.8,
         fixes=[Fix("Pick fp16 in your config", "--fp16 True")],
     )]
 
 
+@check("flash_attn_support", area="gpu")
 def check_flash_attn_support(snapshot: dict) -> list[Finding]:
+    """FlashAttention 2 needs >= 8.0, FlashAttention 3 needs Hopper"""
     want = requested(snapshot)
     fa = _section(snapshot, "flash_attn")
     pk = _section(snapshot, "packages")
@@ -605,11 +669,11 @@ def check_flash_attn_support(snapshot: dict) -> list[Finding]:
     if old and ("flash-attn" in want or installed):
         i, g, cc = old[0]
         asked = "flash-attn" in want
-        ev = [_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
+        ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
         if asked:
             ev.append(_ev("requested", f"flash-attn requested by {want['flash-attn']}"))
         out.append(_finding(
-            "flash_attn_support", "env.flash_attn_unsupported", "error" if asked else "warning",
+            "env.flash_attn_unsupported", "error" if asked else "warning",
             f"FlashAttention 2 does not run on {_gpu_label(i, g)}",
             summary="The kernel stops with `FlashAttention only supports Ampere GPUs or newer.`",
             evidence=ev,
@@ -619,9 +683,9 @@ def check_flash_attn_support(snapshot: dict) -> list[Finding]:
     if fa3 and feats and not any(cc[0] == 9 for _, _, cc in feats):
         i, g, cc = feats[0]
         out.append(_finding(
-            "flash_attn_support", "env.flash_attn_unsupported", "warning",
+            "env.flash_attn_unsupported", "warning",
             f"FlashAttention 3 ({fa3}) is installed but it needs a Hopper GPU; {_gpu_label(i, g)} is {cc[0]}.{cc[1]}",
-            evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(f"nvidia.gpus[{i}]", str(g.get("name")))],
+            evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(_gpu_where(i, g), str(g.get("name")))],
             fixes=[Fix("Use FlashAttention 2 or SDPA on this GPU", 'attn_implementation="flash_attention_2"  # or "sdpa"')],
         ))
     return out
@@ -634,7 +698,7 @@ def _extension_broken(snapshot: dict, key: str, check: str, cause: str, label: s
         return []
     reason = probe.get("reason") or probe.get("status")
     return [_finding(
-        check, cause, "error", f"{label} {sec.get('version', '')} is installed but does not load: {reason}".replace("  ", " "),
+        cause, "error", f"{label} {sec.get('version', '')} is installed but does not load: {reason}".replace("  ", " "),
         summary="Usually a wheel built for another torch or CUDA version (undefined symbol), or a CUDA library it cannot find.",
         evidence=_stderr_evidence(probe, key) or [_ev(f"{key}.probe", str(reason))],
         facts={"probe_status": probe.get("status"), "torch": _torch_base_version(snapshot)},
@@ -642,7 +706,9 @@ def _extension_broken(snapshot: dict, key: str, check: str, cause: str, label: s
     )]
 
 
+@check("flash_attn_broken", area="packages")
 def check_flash_attn_broken(snapshot: dict) -> list[Finding]:
+    """flash-attn loads in a child process and is new enough"""
     out = _extension_broken(snapshot, "flash_attn", "flash_attn_broken", "env.flash_attn_broken", "flash-attn",
                             "pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir")
     fa = _section(snapshot, "flash_attn")
@@ -651,7 +717,7 @@ def check_flash_attn_broken(snapshot: dict) -> list[Finding]:
     if "flash-attn" in want and not version and ("installed" in fa or "packages" in snapshot):
         if not any(cc < (8, 0) for _, _, cc in _feature_gpus(snapshot)):
             out.append(_finding(
-                "flash_attn_broken", "env.flash_attn_broken", "error", "flash-attn requested but not installed",
+                "env.flash_attn_broken", "error", "flash-attn requested but not installed",
                 summary="transformers stops with `the package flash_attn seems to be not installed`.",
                 evidence=[_ev("requested", f"flash-attn requested by {want['flash-attn']}"), _ev("packages", "flash-attn not found")],
                 fixes=[Fix("Install it (prebuilt wheels exist for common torch/CUDA pairs)", "pip install flash-attn --no-build-isolation"),
@@ -660,20 +726,22 @@ def check_flash_attn_broken(snapshot: dict) -> list[Finding]:
     floor = facts()["minimum_versions"]["flash-attn"]
     if version and version_tuple(version) and version_tuple(version) < version_tuple(floor):
         out.append(_finding(
-            "flash_attn_broken", "env.flash_attn_broken", "warning", f"flash-attn {version} is older than {floor}, the minimum transformers accepts",
+            "env.flash_attn_broken", "warning", f"flash-attn {version} is older than {floor}, the minimum transformers accepts",
             evidence=[_ev("packages.flash-attn", str(version))],
             fixes=[Fix("Upgrade it", "pip install -U flash-attn --no-build-isolation")],
         ))
     return out
 
 
+@check("bnb_broken", area="packages")
 def check_bnb_broken(snapshot: dict) -> list[Finding]:
+    """bitsandbytes loads with its CUDA library"""
     out = _extension_broken(snapshot, "bitsandbytes", "bnb_broken", "env.bnb_broken", "bitsandbytes",
                             "pip install --force-reinstall -U bitsandbytes && python -m bitsandbytes")
     bnb = _section(snapshot, "bitsandbytes")
     if not out and bnb.get("installed") and bnb.get("cuda") is False and gpus(snapshot) and torch_is_cuda_build(snapshot):
         out.append(_finding(
-            "bnb_broken", "env.bnb_broken", "error", f"bitsandbytes {bnb.get('version', '')} loads without its CUDA library",
+            "env.bnb_broken", "error", f"bitsandbytes {bnb.get('version', '')} loads without its CUDA library",
             summary="4-bit / 8-bit quantization and 8-bit optimizers are unavailable (`compiled without GPU support`).",
             evidence=[_ev("bitsandbytes.cuda", str(bnb.get("detail") or "no CUDA backend"))] + _stderr_evidence(bnb.get("probe") or {}, "bitsandbytes"),
             fixes=[Fix("Install a bitsandbytes wheel that ships binaries for torch's CUDA", "pip install -U bitsandbytes && python -m bitsandbytes")],
@@ -681,13 +749,15 @@ def check_bnb_broken(snapshot: dict) -> list[Finding]:
     want = requested(snapshot)
     if "bnb" in want and "installed" in bnb and not bnb.get("installed"):
         out.append(_finding(
-            "bnb_broken", "env.bnb_broken", "error", "bitsandbytes requested (QLoRA) but not installed",
+            "env.bnb_broken", "error", "bitsandbytes requested (QLoRA) but not installed",
             evidence=[_ev("requested", f"bnb requested by {want['bnb']}")], fixes=[Fix("Install it", "pip install -U bitsandbytes")],
         ))
     return out
 
 
+@check("version_conflict", area="packages")
 def check_version_conflict(snapshot: dict) -> list[Finding]:
+    """transformers / peft / accelerate / trl / bitsandbytes / torch version floors"""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
@@ -704,7 +774,7 @@ def check_version_conflict(snapshot: dict) -> list[Finding]:
         except (InvalidVersion, InvalidSpecifier):
             continue
         out.append(_finding(
-            "version_conflict", "env.version_conflict", rule.get("severity", "error"),
+            "env.version_conflict", rule.get("severity", "error"),
             f"{rule['when']} {have} needs {rule['needs']}{rule['needs_spec']}, found {need}",
             summary=rule["source"],
             evidence=[_ev(f"packages.{rule['when']}", str(have)), _ev(f"packages.{rule['needs']}", str(need))],
@@ -717,18 +787,23 @@ def check_version_conflict(snapshot: dict) -> list[Finding]:
     return out
 
 
+@check("ld_library_path", area="packages")
 def check_ld_library_path(snapshot: dict) -> list[Finding]:
+    """LD_LIBRARY_PATH does not shadow the wheel's CUDA libraries"""
     dirs = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
     if not dirs or not torch_info(snapshot).get("installed"):
         return []
-    libs = sorted({lib for d in dirs for lib in d.get("libs", [])})
+    dirs = [d for d in dirs if isinstance(d, dict) and d.get("dir")]
+    if not dirs:
+        return []
+    libs = sorted({lib for d in dirs for lib in d.get("libs") or []})
     cudnn = any("cudnn" in lib for lib in libs)
     return [_finding(
-        "ld_library_path", "env.cudnn" if cudnn else "env.version_conflict", "warning",
+        "env.cudnn" if cudnn else "env.version_conflict", "warning",
         "LD_LIBRARY_PATH puts system CUDA libraries ahead of the ones the torch wheel ships",
         summary="A different libcudnn / libcudart / libnccl found first gives `cuDNN version incompatibility`, "
                 "`undefined symbol` or NCCL failures.",
-        evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d.get('dir')}: {', '.join(d.get('libs', []))}") for d in dirs[:4]],
+        evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d['dir']}: {', '.join(d.get('libs') or [])}") for d in dirs[:4]],
         fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)", _ld_fix(snapshot, dirs))],
         confidence=0.6,
     )]
@@ -800,7 +875,9 @@ def parse_alloc_conf(text: str) -> tuple[dict[str, str], list[str]]:
     return options, problems
 
 
+@check("settings", area="settings")
 def check_settings(snapshot: dict) -> list[Finding]:
+    """PYTORCH_CUDA_ALLOC_CONF syntax, CUDA_LAUNCH_BLOCKING, offline and NCCL flags"""
     ev_vars = env_vars(snapshot)
     out = []
     confs = {k: ev_vars[k] for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if k in ev_vars}
@@ -808,40 +885,42 @@ def check_settings(snapshot: dict) -> list[Finding]:
         _, problems = parse_alloc_conf(value)
         if problems:
             out.append(_finding(
-                "settings", "env.bad_setting", "error", f"{name} is not valid: {problems[0]}",
+                "env.bad_setting", "error", f"{name} is not valid: {problems[0]}",
                 summary="torch reads this at the first CUDA allocation and stops (or silently ignores the option).",
                 evidence=[_ev(f"env_vars.{name}", value)] + [_ev(f"env_vars.{name}", p) for p in problems[1:]],
                 fixes=[Fix("A valid value that fights fragmentation", f"export {name}=expandable_segments:True")],
             ))
     if len(confs) == 2 and len(set(confs.values())) == 2:
         out.append(_finding(
-            "settings", "env.bad_setting", "warning", "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF disagree",
+            "env.bad_setting", "warning", "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF disagree",
             summary="Which one wins depends on the torch release; set one.",
             evidence=[_ev(f"env_vars.{k}", v) for k, v in confs.items()],
             fixes=[Fix("Keep one of them", "unset PYTORCH_ALLOC_CONF")],
         ))
     if ev_vars.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1":
         out.append(_finding(
-            "settings", "env.bad_setting", "warning", "CUDA_LAUNCH_BLOCKING=1 is set: every kernel runs synchronously",
+            "env.bad_setting", "warning", "CUDA_LAUNCH_BLOCKING=1 is set: every kernel runs synchronously",
             summary="Useful to locate a CUDA error; it makes training several times slower if left on.",
             evidence=[_ev("env_vars.CUDA_LAUNCH_BLOCKING", "1")], fixes=[Fix("Unset it after debugging", "unset CUDA_LAUNCH_BLOCKING")],
         ))
     offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if ev_vars.get(k, "").strip().lower() in ("1", "true", "yes", "on")]
     if offline:
         out.append(_finding(
-            "settings", "env.bad_setting", "info", f"{offline[0]}=1: models and datasets load from the local cache only",
+            "env.bad_setting", "info", f"{offline[0]}=1: models and datasets load from the local cache only",
             evidence=[_ev(f"env_vars.{k}", ev_vars[k]) for k in offline], confidence=0.8,
         ))
     if ev_vars.get("NCCL_P2P_DISABLE") == "1" or ev_vars.get("NCCL_IB_DISABLE") == "1":
         keys = [k for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE") if ev_vars.get(k) == "1"]
         out.append(_finding(
-            "settings", "env.bad_setting", "info", f"{' and '.join(keys)} set: multi-GPU traffic takes a slower path",
+            "env.bad_setting", "info", f"{' and '.join(keys)} set: multi-GPU traffic takes a slower path",
             evidence=[_ev(f"env_vars.{k}", "1") for k in keys], confidence=0.7,
         ))
     return out
 
 
+@check("other_process", area="gpu")
 def check_other_process(snapshot: dict) -> list[Finding]:
+    """no other process holds GPU memory"""
     out = []
     for i, g in enumerate(gpus(snapshot)):
         total = g.get("memory_total_bytes") or 0
@@ -851,7 +930,11 @@ def check_other_process(snapshot: dict) -> list[Finding]:
             used = p.get("used_bytes") or 0
             if p.get("ours") or used < threshold:
                 continue
-            pid, name = p.get("pid"), p.get("name") or "?"
+            pid, name = p.get("pid"), p.get("name") or "name not shown"
+            if pid is None:
+                pid_text, kill = "pid not shown", "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"
+            else:
+                pid_text, kill = f"pid {pid}", f"kill {pid}   # then: kill -9 {pid}"
             zombie = p.get("alive") is False or p.get("status") == "zombie"
             tight = total and free is not None and free < 0.1 * total
             parent = f"kill {p['ppid']}" if p.get("ppid") else f"kill $(ps -o ppid= -p {pid})"
@@ -860,15 +943,15 @@ def check_other_process(snapshot: dict) -> list[Finding]:
                       Fix("If the memory stays held, reset the GPU when nothing else runs on it",
                           f"sudo nvidia-smi --gpu-reset -i {g.get('index', i)}")]
                      if zombie else
-                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", f"kill {pid}   # then: kill -9 {pid}")])
+                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", kill)])
             if not zombie and len(gpus(snapshot)) > 1:
                 fixes.append(Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}"))
             out.append(_finding(
-                "other_process", "oom.other_process", "error" if tight else "warning",
+                "oom.other_process", "error" if tight else "warning",
                 f"{'A dead/zombie process' if zombie else 'Another process'} holds {format_bytes(used)} on {_gpu_label(i, g)}: "
-                f"pid {pid} ({name})",
-                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total else "",
-                evidence=[_ev(f"nvidia.gpus[{i}].processes", f"pid {pid} {name} {format_bytes(used)}"
+                f"{pid_text} ({name})",
+                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total and free is not None else "",
+                evidence=[_ev(f"nvidia.gpus[{i}].processes", f"{pid_text} {name} {format_bytes(used)}"
                               + (" (not running: zombie)" if zombie else ""))],
                 facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, fixes=fixes, confidence=0.85,
             ))
@@ -885,7 +968,9 @@ def _other_gpu(snapshot: dict, busy: int) -> str:
 THROTTLE_BAD = {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
 
 
+@check("thermal_power", area="health")
 def check_thermal_power(snapshot: dict) -> list[Finding]:
+    """throttle reasons, temperature, PCIe link"""
     out = []
     for i, g in enumerate(gpus(snapshot)):
         reasons = set(g.get("throttle_reasons") or [])
@@ -897,11 +982,12 @@ def check_thermal_power(snapshot: dict) -> list[Finding]:
             if bad:
                 ev.append(_ev(f"nvidia.gpus[{i}].throttle_reasons", ", ".join(sorted(reasons))))
             if temp is not None:
-                ev.append(_ev(f"nvidia.gpus[{i}].temperature_c", f"{temp} C (slowdown at {slow if slow is not None else '?'} C)"))
+                ev.append(_ev(f"nvidia.gpus[{i}].temperature_c", f"{temp} C (slowdown at {slow} C)" if slow is not None else f"{temp} C"))
             if g.get("power_draw_w") is not None:
-                ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {g.get('power_limit_w', '?')} W"))
+                limit = g.get("power_limit_w")
+                ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {limit} W" if limit is not None else f"{g.get('power_draw_w')} W"))
             out.append(_finding(
-                "thermal_power", "hw.thermal_power", "warning",
+                "hw.thermal_power", "warning",
                 f"{_gpu_label(i, g)} is throttling: {', '.join(bad) or 'near its slowdown temperature'}",
                 summary="Hardware slowdown halves clocks or worse; repeated it precedes Xid 62/79 resets. (sw_power_cap under load is normal.)",
                 evidence=ev,
@@ -913,15 +999,17 @@ def check_thermal_power(snapshot: dict) -> list[Finding]:
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
         if wc and wm and wc < wm:
             out.append(_finding(
-                "thermal_power", "hw.thermal_power", "info",
-                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm} (gen {gc or '?'} of {gm or '?'})",
+                "hw.thermal_power", "info",
+                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm}" + (f" (gen {gc} of {gm})" if gc and gm else ""),
                 summary="The link drops at idle; a narrow width under load points at the slot, riser or BIOS settings.",
                 evidence=[_ev(f"nvidia.gpus[{i}].pcie_width_current", f"x{wc} of x{wm}")], confidence=0.4,
             ))
     return out
 
 
+@check("memory_errors", area="health")
 def check_memory_errors(snapshot: dict) -> list[Finding]:
+    """ECC errors, retired pages, row remapping"""
     out = []
     for i, g in enumerate(gpus(snapshot)):
         ev, severity = [], None
@@ -933,7 +1021,7 @@ def check_memory_errors(snapshot: dict) -> list[Finding]:
                 severity = sev
 
         if (g.get("ecc_uncorrected_volatile") or 0) > 0:
-            flag("ecc_uncorrected_volatile", f"{g['ecc_uncorrected_volatile']} uncorrectable ECC errors since the last reset", "error")
+            flag("ecc_uncorrected_volatile", f"{_count(g['ecc_uncorrected_volatile'], 'uncorrectable ECC error')} since the last reset", "error")
         if g.get("remapped_rows_failure"):
             flag("remapped_rows_failure", "row remapping failure occurred", "error")
         if g.get("remapped_rows_pending"):
@@ -941,84 +1029,68 @@ def check_memory_errors(snapshot: dict) -> list[Finding]:
         if g.get("retired_pages_pending"):
             flag("retired_pages_pending", "page retirement pending: the GPU needs a reset", "error")
         if (g.get("ecc_uncorrected_aggregate") or 0) > 0:
-            flag("ecc_uncorrected_aggregate", f"{g['ecc_uncorrected_aggregate']} uncorrectable ECC errors over the card's life", "warning")
+            flag("ecc_uncorrected_aggregate", f"{_count(g['ecc_uncorrected_aggregate'], 'uncorrectable ECC error')} over the card's life", "warning")
         if (g.get("retired_pages_dbe") or 0) > 0:
-            flag("retired_pages_dbe", f"{g['retired_pages_dbe']} pages retired for double-bit errors", "warning")
+            flag("retired_pages_dbe", f"{_count(g['retired_pages_dbe'], 'page')} retired for double-bit errors", "warning")
         if (g.get("remapped_rows_uncorrectable") or 0) > 0:
-            flag("remapped_rows_uncorrectable", f"{g['remapped_rows_uncorrectable']} rows remapped for uncorrectable errors", "warning")
+            flag("remapped_rows_uncorrectable", f"{_count(g['remapped_rows_uncorrectable'], 'row')} remapped for uncorrectable errors", "warning")
         if severity:
-            idx = g.get("index", i)
-            out.append(_finding(
-                "memory_errors", "hw.memory_errors", severity, f"{_gpu_label(i, g)} reports GPU memory errors",
-                summary="Uncorrectable errors kill the process touching the memory (Xid 48/94/95); pending remaps take effect after a reset.",
-                evidence=ev,
-                fixes=[Fix("Reset the GPU when nothing runs on it (or reboot)", f"sudo nvidia-smi --gpu-reset -i {idx}"),
-                       Fix("Then run the vendor diagnostic; RMA the card if errors come back", "dcgmi diag -r 3")],
-                confidence=0.85,
-            ))
+            out.append(_finding("hw.memory_errors", severity, evidence=ev, confidence=0.85,
+                                words={"gpu": _gpu_label(i, g), "gpu_index": g.get("index", i)}))
     return out
 
 
+@check("host", area="system")
 def check_host(snapshot: dict) -> list[Finding]:
+    """/dev/shm, free disk for checkpoints and the HF cache, host RAM"""
     s = _section(snapshot, "system")
     out = []
     shm = s.get("shm_bytes")
     if shm is not None and shm < 1 * GIB:
-        out.append(_finding(
-            "host", "oom.shm", "warning" if s.get("container") else "info",
-            f"/dev/shm is only {format_bytes(shm)}",
-            summary="DataLoader workers pass batches through /dev/shm; too small gives `Bus error` or killed workers.",
-            evidence=[_ev("system.shm_bytes", format_bytes(shm))],
-            fixes=[Fix("Give the container more shared memory", "docker run --shm-size=16g ...   # or --ipc=host"),
-                   Fix("Or load data in the main process", "dataloader_num_workers=0")],
-            confidence=0.7,
-        ))
+        out.append(_finding("oom.shm", "warning" if s.get("container") else "info", confidence=0.7,
+                            evidence=[_ev("system.shm_bytes", format_bytes(shm))], words={"shm_size": format_bytes(shm)}))
     for key, label in (("disk_free_cwd_bytes", "the working directory (checkpoints)"), ("disk_free_hf_cache_bytes", "the Hugging Face cache")):
         free = s.get(key)
+        where = key.replace("disk_free_", "path_").replace("_bytes", "")
         if key == "disk_free_hf_cache_bytes" and free == s.get("disk_free_cwd_bytes"):
             continue  # same filesystem: one finding is enough
         if free is not None and free < 20 * GIB:
             out.append(_finding(
-                "host", "env.disk_space", "warning" if free >= 5 * GIB else "error",
-                f"Only {format_bytes(free)} free for {label}",
-                summary="A 7B model download is ~15 GB; each full checkpoint as much again (adapters are small).",
-                evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s.get(key.replace('_bytes', '_path').replace('disk_free_', 'path_'), '?')}")],
-                fixes=[Fix("Free space or point the cache elsewhere", "export HF_HOME=/path/with/space"),
-                       Fix("Keep fewer checkpoints", "save_total_limit=2")],
-                confidence=0.7,
+                "env.disk_space", "warning" if free >= 5 * GIB else "error", confidence=0.7,
+                evidence=[_ev(f"system.{key}", f"{format_bytes(free)} free at {s[where]}" if s.get(where) else f"{format_bytes(free)} free")],
+                words={"free": format_bytes(free), "place": label},
             ))
     ram = s.get("ram_total_bytes")
     if ram is not None and ram < 16 * GIB and gpus(snapshot):
-        out.append(_finding(
-            "host", "oom.host_ram", "info", f"The host has {format_bytes(ram)} of RAM",
-            summary="Loading a 7B model's weights passes through host RAM; under 16 GiB the kernel's OOM killer may end the run.",
-            evidence=[_ev("system.ram_total_bytes", format_bytes(ram))],
-            fixes=[Fix("Load with low_cpu_mem_usage and safetensors, or add swap", "low_cpu_mem_usage=True")], confidence=0.5,
-        ))
+        out.append(_finding("oom.host_ram", "info", confidence=0.5, evidence=[_ev("system.ram_total_bytes", format_bytes(ram))],
+                            words={"ram": format_bytes(ram)}))
     return out
 
 
+@check("mig", area="gpu")
 def check_mig(snapshot: dict) -> list[Finding]:
+    """MIG mode"""
     out = []
     for i, g in enumerate(gpus(snapshot)):
         if str(g.get("mig_mode") or "").lower() == "enabled":
             out.append(_finding(
-                "mig", "env.no_gpu_visible", "info", f"{_gpu_label(i, g)} runs in MIG mode",
+                "env.no_gpu_visible", "info", f"{_gpu_label(i, g)} runs in MIG mode",
                 summary="Processes see one MIG slice (CUDA_VISIBLE_DEVICES=MIG-...), with a fraction of the memory.",
                 evidence=[_ev(f"nvidia.gpus[{i}].mig_mode", "Enabled")], confidence=0.7,
             ))
     return out
 
 
+@check("deep_matmul", area="health")
 def check_deep_matmul(snapshot: dict) -> list[Finding]:
-    """`--deep` results: a 256x256 matmul per device in bf16 and fp16, compared with fp32."""
+    """--deep: bf16 / fp16 matmul on each GPU matches fp32"""
     out = []
     devices = {d.get("index"): d for d in torch_info(snapshot).get("devices") or [] if isinstance(d, dict)}
     for r in torch_info(snapshot).get("deep") or []:
         idx = r.get("index")
         dev = devices.get(idx, {})
         cc = cc_tuple(dev.get("capability"))
-        label = f"GPU {idx} ({dev.get('name', '?')})"
+        label = f"GPU {idx} ({dev['name']})" if dev.get("name") else f"GPU {idx}"
         for dtype in ("bf16", "fp16"):
             res = r.get(dtype)
             if not isinstance(res, dict) or res.get("ok"):
@@ -1029,7 +1101,7 @@ def check_deep_matmul(snapshot: dict) -> list[Finding]:
             no_kernel = "no kernel image" in err
             detail = err or f"max relative error {res.get('max_rel_err')} against fp32"
             out.append(_finding(
-                "deep_matmul", "env.arch_unsupported" if no_kernel else "cuda.illegal_access", "error",
+                "env.arch_unsupported" if no_kernel else "cuda.illegal_access", "error",
                 f"{dtype} matmul on {label} {'failed' if err else 'gave wrong results'}: {detail}"[:200],
                 summary="A tiny matrix product in half precision should match fp32 closely; a failure points at the torch "
                         "build (missing kernels) or, with correct kernels, at the GPU itself.",
@@ -1042,44 +1114,97 @@ def check_deep_matmul(snapshot: dict) -> list[Finding]:
     return out
 
 
-CHECKS: list[Check] = [
-    Check("nvml_mismatch", "driver", "kernel module vs user-space driver libraries (reboot after a driver upgrade)", check_nvml_mismatch),
-    Check("torch_installed", "torch", "torch is installed in this interpreter", check_torch_installed),
-    Check("torch_broken", "torch", "`import torch` succeeds in a child process (no ImportError, crash or hang)", check_torch_broken),
-    Check("torch_cpu_only", "torch", "torch is a CUDA build when the machine has an NVIDIA GPU", check_torch_cpu_only),
-    Check("driver_too_old", "driver", "the driver is new enough for torch's CUDA runtime", check_driver_too_old),
-    Check("arch_unsupported", "torch", "torch's arch list has kernels for every GPU", check_arch_unsupported),
-    Check("no_gpu_visible", "gpu", "GPUs the driver sees are visible to CUDA (CUDA_VISIBLE_DEVICES, containers, WSL2)", check_no_gpu_visible),
-    Check("bf16", "gpu", "bf16 only on compute capability >= 8.0", check_bf16),
-    Check("flash_attn_support", "gpu", "FlashAttention 2 needs >= 8.0, FlashAttention 3 needs Hopper", check_flash_attn_support),
-    Check("flash_attn_broken", "packages", "flash-attn loads in a child process and is new enough", check_flash_attn_broken),
-    Check("bnb_broken", "packages", "bitsandbytes loads with its CUDA library", check_bnb_broken),
-    Check("version_conflict", "packages", "transformers / peft / accelerate / trl / bitsandbytes / torch version floors", check_version_conflict),
-    Check("ld_library_path", "packages", "LD_LIBRARY_PATH does not shadow the wheel's CUDA libraries", check_ld_library_path),
-    Check("settings", "settings", "PYTORCH_CUDA_ALLOC_CONF syntax, CUDA_LAUNCH_BLOCKING, offline and NCCL flags", check_settings),
-    Check("other_process", "gpu", "no other process holds GPU memory", check_other_process),
-    Check("thermal_power", "health", "throttle reasons, temperature, PCIe link", check_thermal_power),
-    Check("memory_errors", "health", "ECC errors, retired pages, row remapping", check_memory_errors),
-    Check("host", "system", "/dev/shm, free disk for checkpoints and the HF cache, host RAM", check_host),
-    Check("mig", "gpu", "MIG mode", check_mig),
-    Check("deep_matmul", "health", "--deep: bf16 / fp16 matmul on each GPU matches fp32", check_deep_matmul),
-]
-CHECK_AREAS = {c.name: c.area for c in CHECKS}
 # The GPU test (`loradoctor repro run ID`) that confirms a finding of this cause on the machine itself.
-CAUSE_REPRO = {
-    "env.torch_cpu_only": "cuda-init", "env.driver_too_old": "cuda-init", "env.arch_unsupported": "cuda-init",
-    "env.no_gpu_visible": "cuda-init", "env.nvml_mismatch": "cuda-init", "env.bf16_unsupported": "bf16",
-    "env.flash_attn_unsupported": "flash-attn", "env.flash_attn_broken": "flash-attn", "env.bnb_broken": "bnb-4bit",
-    "oom.other_process": "free-memory",
-}
-CHECK_NAMES = [c.name for c in CHECKS]
+# ---------------------------------------------------------------- can this machine fine-tune on a GPU?
+
+GATE_CHECK = "gpu_training"
+# A probe error that means "there is no NVIDIA driver / GPU here" (a timeout or a mismatch means something else).
+_NO_DRIVER = re.compile(r"not found|no nvidia|no devices|shows no|(?:couldn't|could not) communicate|not installed|"
+                        r"no such file|has failed", re.I)
+# Checks whose error or warning already says why GPU training cannot start here (the gate stays silent then).
+_GATE_EXPLAINED_BY = ("nvml_mismatch", "torch_installed", "torch_broken", "torch_cpu_only", "driver_too_old", "no_gpu_visible")
 
 
-def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Finding]:
-    """Run every check (or the named ones) on a snapshot; findings ranked errors first.
+def gpu_training_blockers(snapshot: dict) -> list[tuple[str, str]]:
+    """(where, why) for what is known to stop GPU fine-tuning on the machine the snapshot describes: no
+    NVIDIA driver or GPU, no torch, a CPU-only torch, a CUDA torch that sees no GPU. Only what the snapshot
+    shows counts: an `nvidia-smi` paste says nothing about torch, so torch is not a blocker there."""
+    t = torch_info(snapshot)
+    if t.get("hip_version") or "+rocm" in str(t.get("version") or ""):
+        return []  # an AMD machine: not ours to judge
+    out: list[tuple[str, str]] = []
+    nv = snapshot.get("nvidia")
+    if isinstance(nv, dict):
+        if nv.get("error") and _NO_DRIVER.search(str(nv["error"])):
+            out.append(("nvidia.error", "no NVIDIA GPU or driver was found (" + str(nv["error"]).replace("could not check: ", "") + ")"))
+        elif isinstance(nv.get("gpus"), list) and not gpus(snapshot):
+            out.append(("nvidia.gpus", "the NVIDIA driver lists no GPU"))
+    if t.get("installed") is False:
+        out.append(("torch", "torch is not installed"))
+    elif t.get("installed") and torch_ok(snapshot):
+        if torch_is_cuda_build(snapshot) is False:
+            out.append(("torch.cuda_version", f"torch {t.get('version')} is a CPU-only build"))
+        elif torch_is_cuda_build(snapshot) and gpus(snapshot) and (t.get("cuda_available") is False or t.get("device_count") == 0):
+            out.append(("torch.device_count", f"torch {t.get('version')} cannot see the GPU"))
+    return out
 
-    A check that raises becomes an info finding ("could not check") so one bad field never hides the rest.
+
+@check(GATE_CHECK, area="gpu")
+def check_gpu_training(snapshot: dict) -> list[Finding]:
+    """GPU fine-tuning is possible here: an NVIDIA GPU, and a CUDA torch that sees it"""
+    blockers = gpu_training_blockers(snapshot)
+    if not blockers:
+        return []
+    for chk in CHECKS:
+        try:
+            explained = chk.name in _GATE_EXPLAINED_BY and any(f.severity != "info" for f in chk.fn(snapshot))
+        except Exception:  # noqa: BLE001 - that check reports its own failure
+            explained = False
+        if explained:
+            return []  # that finding leads and says why
+    why = [w for _, w in blockers]
+    no_gpu = any(where.startswith("nvidia") for where, _ in blockers)
+    reason = why[0] if len(why) == 1 else ", ".join(why[:-1]) + " and " + why[-1]
+    fixes = []
+    if any(where == "torch" or where == "torch.cuda_version" for where, _ in blockers):
+        fixes.append(Fix("On the machine you train on, install a CUDA build of torch (pick the tag for its driver: "
+                         "`loradoctor env` there names it)", f"pip install torch --index-url {TORCH_INDEX}/cu128"))
+    asked = requested(snapshot)
+    evidence = [_ev(where, w) for where, w in blockers] + [_ev("requested", f"{feat} requested by {src}") for feat, src in asked.items()]
+    fixes.append(Fix("Check the machine you will train on, with the features you will use", "loradoctor env --want bf16"))
+    fixes.append(Fix("Or judge the features against that card from here", "loradoctor env --gpu 'RTX 4090' --want bf16,flash-attn"))
+    return [_finding(
+        "env.no_gpu_visible" if no_gpu else "env.torch_cpu_only", "warning",
+        f"GPU fine-tuning is not possible here: {reason}",
+        summary="A LoRA / QLoRA run would stop at the first `.cuda()` (or crawl on the CPU). CPU work and tests are fine here.",
+        evidence=evidence,
+        facts={"gpu_fine_tuning_possible": False, "reasons": why}, fixes=fixes, confidence=0.95,
+    )]
+
+
+def _gate_severity(findings: list[Finding], snapshot: dict, strict: bool) -> None:
+    """Issue 12: a machine that cannot fine-tune on a GPU is an error when a GPU feature was asked for with
+    --want (here, not on a card named with --gpu), or under --strict; and that finding leads the report."""
+    want = _section(snapshot, "requested")
+    # `env --want` only: preflight records its run config as a request too, and decides GO / NO-GO itself.
+    asked_here = bool(want.get("features")) and want.get("source", "--want") == "--want" and not named_card(snapshot)
+    for f in findings:
+        if f.severity == "warning" and (f.rule == f"env.{GATE_CHECK}" or (
+                f.rule[4:] in _GATE_EXPLAINED_BY and f.cause in ("env.torch_cpu_only", "env.no_gpu_visible"))):
+            if strict or asked_here:
+                f.severity = "error"
+
+
+
+def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None, strict: bool = False) -> list[Finding]:
+    """Run every check (or the named ones) on a snapshot; findings ranked errors first, then numbered
+    in the order a report shows them (grouped by area).
+
+    A check that raises becomes its own finding (`internal.check_failed`, "could not check: <check>:
+    <error>"), never a cause of the user's; the other checks still run.
     """
+    from loradoctor import catalogue
+
     wanted = set(only) if only else None
     if wanted:
         unknown = wanted - set(CHECK_NAMES)
@@ -1088,18 +1213,38 @@ def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None) -> list[Fin
 
             raise UserError(f"unknown check {', '.join(sorted(unknown))}; `loradoctor env --list-checks` lists them")
     findings: list[Finding] = []
-    for check in CHECKS:
-        if wanted and check.name not in wanted:
+    for chk in CHECKS:
+        if wanted and chk.name not in wanted:
             continue
         try:
-            findings.extend(check.fn(snapshot))
+            produced = list(chk.fn(snapshot))
         except Exception as exc:  # noqa: BLE001 - a check bug must not hide the other checks
-            findings.append(Finding(
-                cause="env.torch_broken" if check.area == "torch" else "env.version_conflict", rule=f"env.{check.name}",
-                severity="info", confidence=0.2, area=check.area,
-                title=f"could not check {check.name}: {type(exc).__name__}: {exc}",
-            ))
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            produced = [_finding("internal.check_failed", "warning", facts={"check": chk.name, "error": error},
+                                 evidence=[Evidence(file=f"check:{chk.name}", line=None, text=error)], confidence=0.2)]
+        for f in produced:
+            f.rule, f.area = f"env.{chk.name}", chk.area
+        findings.extend(produced)
+    _gate_severity(findings, snapshot, strict)
     for f in findings:
-        if f.repro is None and f.severity != "info":
-            f.repro = CAUSE_REPRO.get(f.cause)
-    return assign_ranks(findings)
+        if f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
+            f.repro = catalogue.get(f.cause).repro
+    return display_order(assign_ranks(findings))
+
+
+def display_order(ranked: list[Finding]) -> list[Finding]:
+    """Renumber ranked findings in the order a report shows them: the GPU gate first, then the problems
+    (error / warning) grouped by area, areas in the order of their most important finding, then the info
+    notes grouped the same way; so the numbers read 1, 2, 3 down the page and JSON lists the same order."""
+    gate = [f for f in ranked if f.rule == f"env.{GATE_CHECK}"]
+    rest = [f for f in ranked if f.rule != f"env.{GATE_CHECK}"]
+    ordered = list(gate)
+    for tier in ([f for f in rest if f.severity != "info"], [f for f in rest if f.severity == "info"]):
+        areas: list[str] = []
+        for f in tier:
+            if f.area not in areas:
+                areas.append(f.area)
+        ordered += [f for area in areas for f in tier if f.area == area]
+    for i, f in enumerate(ordered, 1):
+        f.rank = i
+    return ordered

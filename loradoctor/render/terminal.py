@@ -56,4 +56,5 @@ def print_findings(con: Any, findings: Iterable[Finding], verbose: bool = False,
             print_finding(con, f, brief=True)
     hidden = len(findings) - top
     if hidden > 0 and not verbose:
-        con.print(f"[dim]{hidden} more finding(s) shown briefly; -v shows all evidence and fixes.[/]")
+        more = "1 more finding" if hidden == 1 else f"{hidden} more findings"
+        con.print(f"[dim]{more} shown briefly; -v shows all evidence and fixes.[/]")

@@ -30,16 +30,23 @@ def builtin_rules_dir() -> Path:
 def load_schema() -> dict:
     path = builtin_rules_dir() / "schema.json"
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        schema = json.load(fh)
+    props = schema["$defs"]["rule"]["properties"]  # the enums come from the cause catalogue, not the file
+    props["cause"]["enum"], props["repro"]["enum"] = cause_ids(), repro_ids()
+    return schema
 
 
 def cause_ids() -> list[str]:
-    """The root-cause ids (docs/causes.md), as shipped in the schema's enum."""
-    return list(load_schema()["$defs"]["rule"]["properties"]["cause"]["enum"])
+    """The root-cause ids (loradoctor/data/causes.yaml)."""
+    from loradoctor import catalogue
+
+    return catalogue.cause_ids()
 
 
 def repro_ids() -> list[str]:
-    return list(load_schema()["$defs"]["rule"]["properties"]["repro"]["enum"])
+    from loradoctor import catalogue
+
+    return catalogue.repro_ids()
 
 # ---------------------------------------------------------------------------------------------
 # a small JSON Schema validator (the subset rules/schema.json uses)
@@ -110,12 +117,10 @@ def validate_schema(value: Any, schema: dict, root: Optional[dict] = None, path:
 # keeping the schema's enums in step with the docs (a developer tool; docs/ is not installed)
 
 def sync_schema_enums(repo_root: "str | Path") -> list[str]:
-    """Rewrite rules/schema.json's cause and repro enums from docs/causes.md and docs/rules.md.
-    Returns the ids added. Run `python -m loradoctor.logs.rules sync-schema` after adding a cause."""
+    """Rewrite rules/schema.json's cause and repro enums (for editors; loading uses the catalogue) from
+    loradoctor/data/causes.yaml. Returns the ids added. Run `python -m loradoctor.logs.rules sync-schema` after adding a cause."""
     root = Path(repo_root)
-    causes = re.findall(r"^\| ([a-z0-9_]+\.[a-z0-9_]+) \|", (root / "docs" / "causes.md").read_text(encoding="utf-8"), re.M)
-    section = re.search(r"## Repro ids\n(.*?)\n\n", (root / "docs" / "rules.md").read_text(encoding="utf-8"), re.S)
-    repros = [r for r in re.findall(r"`([a-z0-9-]+)`", section.group(1) if section else "") if r != "repro"]
+    causes, repros = cause_ids(), repro_ids()
     path = root / "rules" / "schema.json"
     schema = json.loads(path.read_text(encoding="utf-8"))
     props = schema["$defs"]["rule"]["properties"]

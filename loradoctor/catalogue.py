@@ -1,0 +1,265 @@
+"""The cause catalogue: every root-cause id, its wording and its next steps, read from one file
+(loradoctor/data/causes.yaml). Rules, env checks, the rule schema's enums and docs/causes.md all
+read it; nothing else spells a cause id list.
+
+    cause_ids()              the user-facing cause ids, in catalogue order (a rule's `cause` is one of these)
+    repro_ids()              the repro ids a cause or a rule may name (the repro library's registry)
+    get(cause_id)            one Cause
+    fixes_for(cause_id, facts, audience)   the cause's next steps with {placeholders} filled
+    headline / summary       the cause's templated wording for a finding
+
+`python -m loradoctor.catalogue --write-docs docs/causes.md` regenerates the docs page;
+`--check-docs docs/causes.md` exits 1 when it has drifted.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+CATALOGUE_PATH = Path(__file__).resolve().parent / "data" / "causes.yaml"
+SEVERITIES = ("error", "warning", "info")
+AUDIENCES = ("explain", "env")
+_ID = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class CatalogueFix:
+    text: str
+    command: Optional[str] = None
+    only: Optional[str] = None  # "explain" or "env": a step that makes sense for one kind of finding only
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: str
+    what: str
+    evidence: str
+    category: str
+    severity: str
+    repro: Optional[str]
+    fixes: tuple[CatalogueFix, ...]
+    references: tuple[str, ...]
+    headline: tuple[str, ...] = ()
+    summary: tuple[str, ...] = ()
+    internal: bool = False
+
+
+class CatalogueError(ValueError):
+    """The catalogue file is malformed (a developer error: the file ships with the package)."""
+
+
+def _texts(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise CatalogueError(f"{where}: expected a string or a list of strings")
+
+
+def _parse(data: Any, repros: Sequence[str]) -> dict[str, Cause]:
+    if not isinstance(data, dict) or not isinstance(data.get("causes"), dict):
+        raise CatalogueError(f"{CATALOGUE_PATH.name}: expected a mapping with a `causes:` mapping")
+    out: dict[str, Cause] = {}
+    for cid, entry in data["causes"].items():
+        where = f"{CATALOGUE_PATH.name}: {cid}"
+        if not isinstance(cid, str) or not _ID.match(cid):
+            raise CatalogueError(f"{where}: a cause id is family.name in lower case")
+        if not isinstance(entry, dict):
+            raise CatalogueError(f"{where}: expected a mapping")
+        missing = [k for k in ("title", "what", "evidence", "category", "severity", "fixes") if k not in entry]
+        if missing:
+            raise CatalogueError(f"{where}: missing {', '.join(missing)}")
+        if entry["category"] != cid.split(".")[0]:
+            raise CatalogueError(f"{where}: category {entry['category']!r} is not the id's family")
+        if entry["severity"] not in SEVERITIES:
+            raise CatalogueError(f"{where}: severity must be one of {', '.join(SEVERITIES)}")
+        repro = entry.get("repro")
+        if repro is not None and repro not in repros:
+            raise CatalogueError(f"{where}: unknown repro {repro!r}")
+        fixes = []
+        for i, fx in enumerate(entry["fixes"] or []):
+            if not isinstance(fx, dict) or not isinstance(fx.get("text"), str):
+                raise CatalogueError(f"{where}: fixes[{i}] needs a text")
+            if fx.get("only") not in (None, *AUDIENCES):
+                raise CatalogueError(f"{where}: fixes[{i}].only must be one of {', '.join(AUDIENCES)}")
+            fixes.append(CatalogueFix(fx["text"], fx.get("command"), fx.get("only")))
+        refs = entry.get("references") or []
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise CatalogueError(f"{where}: references must be a list of strings")
+        out[cid] = Cause(
+            id=cid, title=entry["title"], what=entry["what"], evidence=entry["evidence"], category=entry["category"],
+            severity=entry["severity"], repro=repro, fixes=tuple(fixes), references=tuple(refs),
+            headline=_texts(entry.get("headline"), f"{where}: headline"),
+            summary=_texts(entry.get("summary"), f"{where}: summary"),
+            internal=bool(entry.get("internal")),
+        )
+    return out
+
+
+@lru_cache(maxsize=1)
+def causes() -> dict[str, Cause]:
+    """Every cause of the catalogue (user-facing and internal), in file order."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(CATALOGUE_PATH.read_text(encoding="utf-8"), Loader=loader)
+    return _parse(data, repro_ids())
+
+
+def cause_ids() -> list[str]:
+    """The user-facing root-cause ids (what a rule or a check may name), in catalogue order."""
+    return [c.id for c in causes().values() if not c.internal]
+
+
+def internal_cause_ids() -> list[str]:
+    """loradoctor's own failures ("could not check"): never a rule's cause."""
+    return [c.id for c in causes().values() if c.internal]
+
+
+def repro_ids() -> list[str]:
+    """The repro ids (the repro library, loradoctor/repro/catalog.py, is their registry)."""
+    from loradoctor.repro.catalog import REPRO_IDS
+
+    return list(REPRO_IDS)
+
+
+def get(cause_id: str) -> Cause:
+    try:
+        return causes()[cause_id]
+    except KeyError:
+        raise KeyError(f"{cause_id!r} is not in the cause catalogue ({CATALOGUE_PATH.name})") from None
+
+
+# ------------------------------------------------------------------ templates
+
+
+def _fields(template: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+
+
+def fill(template: str, facts: Mapping[str, Any]) -> Optional[str]:
+    """`template` with {name} filled from facts; None when a name is missing or None (never a '?' or 'None')."""
+    values = {}
+    for name in _fields(template):
+        value = facts.get(name)
+        if value is None:
+            return None
+        values[name] = value
+    return template.format(**values) if values else template
+
+
+def first_filled(templates: Sequence[str], facts: Mapping[str, Any]) -> Optional[str]:
+    for t in templates:
+        text = fill(t, facts)
+        if text is not None:
+            return text
+    return None
+
+
+def headline(cause_id: str, facts: Mapping[str, Any]) -> str:
+    c = get(cause_id)
+    return first_filled(c.headline, facts) or c.title
+
+
+def summary(cause_id: str, facts: Mapping[str, Any]) -> str:
+    return first_filled(get(cause_id).summary, facts) or ""
+
+
+def fixes_for(cause_id: str, facts: Mapping[str, Any], audience: str = "env") -> list[tuple[str, Optional[str]]]:
+    """(text, command) next steps of a cause for one audience, placeholders filled from facts; a step whose
+    placeholders the facts cannot fill is left out, and a leading 'Or ' is dropped from the first step."""
+    out: list[tuple[str, Optional[str]]] = []
+    for fx in get(cause_id).fixes:
+        if fx.only not in (None, audience):
+            continue
+        text = fill(fx.text, facts)
+        command = fill(fx.command, facts) if fx.command is not None else None
+        if text is None or (fx.command is not None and command is None):
+            continue
+        if not out and text.startswith("Or "):
+            text = text[3].upper() + text[4:]
+        out.append((text, command))
+    return out
+
+
+# ------------------------------------------------------------------ docs/causes.md
+
+
+def _doc_template(text: str) -> str:
+    """A template as the docs show it: {wheel_tag} -> <wheel tag>; notes appended to a sentence vanish."""
+    text = re.sub(r"\{\w+_note\}", "", text)
+    return re.sub(r"\{(\w+)\}", lambda m: "<" + m.group(1).replace("_", " ") + ">", text)
+
+
+def render_docs() -> str:
+    """docs/causes.md, generated from the catalogue."""
+    user = [c for c in causes().values() if not c.internal]
+    internal = [c for c in causes().values() if c.internal]
+    out = [
+        "# Root-cause catalog",
+        "",
+        "<!-- Generated from loradoctor/data/causes.yaml by `python -m loradoctor.catalogue --write-docs docs/causes.md`;",
+        "     edit the YAML, not this page (a test fails when they differ). -->",
+        "",
+        "Every diagnosis that `loradoctor explain` and `loradoctor env` produce names one of these causes by its id.",
+        "The ids are stable: tests, JSON output and the benchmark labels use them. A new cause may be added (in",
+        "`loradoctor/data/causes.yaml`, then regenerate this page); an id is never renamed.",
+        "",
+        "| id | what went wrong | typical evidence |",
+        "|---|---|---|",
+    ]
+    out += [f"| {c.id} | {c.what} | {c.evidence} |" for c in user]
+    out += ["", "## Next steps per cause", "",
+            "The default wording and fixes; a rule or an env check may say something more specific and fill the",
+            "<placeholders> with what it found. Steps marked (explain) or (env) apply to one kind of finding only.", ""]
+    for c in user + internal:
+        out += [f"### {c.id}", "", f"**{c.title}** · {c.category} · default severity {c.severity}"
+                + (f" · confirm: `loradoctor repro run {c.repro}`" if c.repro else ""), ""]
+        for i, fx in enumerate(c.fixes, 1):
+            mark = f" ({fx.only})" if fx.only else ""
+            line = f"{i}. {_doc_template(fx.text)}{mark}"
+            if fx.command:
+                line += f": `{_doc_template(fx.command)}`"
+            out.append(line)
+        if c.references:
+            out += ["", "References: " + ", ".join(c.references)]
+        out.append("")
+    if internal:
+        out += ["## Internal causes", "",
+                "loradoctor's own failures: a finding with one of these ids says a check could not run, never that",
+                "something is wrong with your machine or your run. No rule may name them.", ""]
+        out += [f"- `{c.id}`: {c.what}" for c in internal]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] in ("--write-docs", "--check-docs"):
+        path = Path(args[1])
+        text = render_docs()
+        if args[0] == "--write-docs":
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path} ({len(cause_ids())} causes)")
+            return 0
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current != text:
+            print(f"{path} differs from the catalogue; run: python -m loradoctor.catalogue --write-docs {path}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    print("usage: python -m loradoctor.catalogue --write-docs|--check-docs docs/causes.md", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
