@@ -238,7 +238,7 @@ def speed(repeats: int = 9) -> dict[str, float]:
         return times
 
     bare = timed([sys.executable, "-c", "pass"])
-    cli = timed([sys.executable, "-m", "loradoctor", "--version"])  # typer + the CLI skeleton, no command
+    cli = timed([sys.executable, "-m", "loradoctor", "--version"])  # the CLI skeleton, no command
     cmd = timed([sys.executable, "-m", "loradoctor", "estimate", "--model", "meta-llama/Llama-3.1-8B",
                  "--method", "qlora", "--gradient-checkpointing", "--gpu", "RTX 4090", "--format", "json"])
     return {"bare_python_min_s": min(bare), "cli_version_min_s": min(cli), "estimate_min_s": min(cmd),
@@ -273,7 +273,7 @@ def main(argv: list[str]) -> int:
         s = result["speed"]
         print(f"speed (min of runs): estimate {s['estimate_min_s']:.3f}s, bare python {s['bare_python_min_s']:.3f}s, "
               f"difference {s['estimate_minus_bare_s']:.3f}s (target < 0.3 s); medians "
-              f"{s['estimate_median_s']:.3f}s / {s['bare_python_median_s']:.3f}s; `loradoctor --version` (typer + CLI "
+              f"{s['estimate_median_s']:.3f}s / {s['bare_python_median_s']:.3f}s; `loradoctor --version` (CLI "
               f"skeleton) {s['cli_version_min_s']:.3f}s")
     return 0
 

@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import typer
-
-from loradoctor.cli._args import mount, new_parser
+from loradoctor.cli._args import new_parser
 from loradoctor.errors import UserError
+from loradoctor.render.output import write_report
 
 
 # The options that describe a run, defined once for estimate, preflight and measure:
@@ -44,11 +43,10 @@ RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
 FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))
 
 
-def build_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]]) -> argparse.ArgumentParser:
-    """The parser for one of the three commands: RUN_OPTIONS + the command's own options (argparse, not
-    typer's per-option coercion: see loradoctor/cli/_args.py; `estimate` must answer within 0.3 s of a bare
-    interpreter start)."""
-    parser = new_parser(prog, description)
+def build_run_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]],
+                     func: Callable[..., int]) -> argparse.ArgumentParser:
+    """The parser for one of the three commands: RUN_OPTIONS + the command's own options."""
+    parser = new_parser(prog, description, func=lambda opts: func(**opts))
     for dest, flags, kw in RUN_OPTIONS + extra:
         parser.add_argument(*flags, dest=dest, **kw)
     return parser
@@ -69,7 +67,7 @@ def _check_format(fmt: str) -> None:
 
 # --- estimate ------------------------------------------------------------------------------------
 
-def _estimate(**kw: Any) -> None:
+def _estimate(**kw: Any) -> int:
     """Predict peak GPU memory of a LoRA / QLoRA / full fine-tuning run: a breakdown per component, a band,
     a verdict against a card (--gpu / --vram) and what to change first. Exit 0; 1 when it does not fit
     the given card; 2 bad usage."""
@@ -87,18 +85,17 @@ def _estimate(**kw: Any) -> None:
         from loradoctor.render.estimate_view import estimate_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(estimate_document(est, result, provenance)))
+        write_report(dumps(estimate_document(est, result, provenance)))
     else:
         from loradoctor.render.estimate_view import print_estimate
-        from loradoctor.render.terminal import console
+        from loradoctor.render.terminal import captured
 
-        print_estimate(console(), est, result, provenance, assumed(provenance, est.inputs.method))
-    if result is not None and result.verdict == "does not fit":
-        raise typer.Exit(1)
+        write_report(captured(print_estimate, est, result, provenance, assumed(provenance, est.inputs.method)))
+    return 1 if result is not None and result.verdict == "does not fit" else 0
 
 
 ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4; see loradoctor/data/gpus.yaml), or 'local[:INDEX]' for the free memory of a GPU here now")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4; `loradoctor gpus` lists them), or 'local[:INDEX]' for the free memory of a GPU here now")),
     ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory, e.g. 24GB or 22.5GiB")),
     ("what_if", ("--what-if",), dict(action=argparse.BooleanOptionalAction, default=True, help="search the largest batch / longest sequence and rank the fixes (default on)")),
     FORMAT_OPTION,
@@ -180,7 +177,7 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
     return {"go": go, "reason": reason, "first_fix": first_fix, "findings": findings, "estimate": est, "fit": result}
 
 
-def _preflight(**kw: Any) -> None:
+def _preflight(**kw: Any) -> int:
     """Quick environment checks + the memory estimate against the GPU this run will use (its free memory now,
     other processes included). One screen. Exit 0 the run can start, 1 it will fail (with the reason and
     the first fix), 2 bad usage. Put it before `python train.py`."""
@@ -206,14 +203,15 @@ def _preflight(**kw: Any) -> None:
         from loradoctor.render.estimate_view import preflight_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(preflight_document(out["estimate"], out["fit"], provenance, out["findings"], out["go"],
-                                            out["reason"], out["first_fix"])))
+        write_report(dumps(preflight_document(out["estimate"], out["fit"], provenance, out["findings"], out["go"],
+                                              out["reason"], out["first_fix"])))
     else:
         from loradoctor.render.estimate_view import print_preflight
-        from loradoctor.render.terminal import console
+        from loradoctor.render.terminal import captured
 
-        print_preflight(console(), out["estimate"], out["fit"], out["findings"], out["go"], out["reason"], out["first_fix"])
-    raise typer.Exit(0 if out["go"] else 1)
+        write_report(captured(print_preflight, out["estimate"], out["fit"], out["findings"], out["go"], out["reason"],
+                              out["first_fix"]))
+    return 0 if out["go"] else 1
 
 
 PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
@@ -227,7 +225,7 @@ PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 
 # --- measure (issue 5: loradoctor.repro.measure) -------------------------------------------------
 
-def _measure(**kw: Any) -> None:
+def _measure(**kw: Any) -> int:
     """Build the model from its config with random weights on this GPU and measure a few real training steps
     (peak allocated / reserved / device), next to the estimate. Needs an NVIDIA GPU and a CUDA torch."""
     fmt = kw["fmt"]
@@ -238,11 +236,26 @@ def _measure(**kw: Any) -> None:
     if not 0 < timeout_s <= 24 * 3600:
         raise UserError("--timeout must be between 0 and 86400 seconds")
     inputs, _ = resolve_from_options(kw)
-    try:
-        from loradoctor.repro.measure import measure_command
-    except ImportError as exc:
-        raise UserError(f"measure is not available in this build ({exc})") from None
-    raise typer.Exit(measure_command(inputs, fmt, steps, timeout_s))
+    import sys
+
+    from loradoctor.repro.measure import exit_code_for, run_measure
+
+    def progress(message: str) -> None:
+        if fmt == "text" or sys.stderr.isatty():
+            print(f"  {message}", file=sys.stderr, flush=True)
+
+    report = run_measure(inputs, steps, timeout_s, on_progress=progress)
+    if fmt == "json":
+        from loradoctor.render.json import dumps
+
+        write_report(dumps(report))
+    elif report["status"] == "skipped":
+        print(f"loradoctor: error: measure needs a CUDA GPU and transformers + peft: {report['reason']}", file=sys.stderr)
+    else:
+        from loradoctor.render.measure_view import measure_text
+
+        write_report(measure_text(report))
+    return exit_code_for(report)
 
 
 MEASURE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
@@ -252,14 +265,15 @@ MEASURE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
-def _doc(func: Callable[..., Any]) -> tuple[str, str]:
-    doc = inspect.cleandoc(func.__doc__ or "")
-    return doc.split(".")[0] + ".", doc
+def _doc(func: Callable[..., Any]) -> str:
+    return inspect.cleandoc(func.__doc__ or "")
 
 
-def register(app: typer.Typer) -> None:
-    for name, func, extra in (("estimate", _estimate, ESTIMATE_EXTRA), ("preflight", _preflight, PREFLIGHT_EXTRA),
-                              ("measure", _measure, MEASURE_EXTRA)):
-        summary, description = _doc(func)
-        mount(app, name, summary, lambda name=name, description=description, extra=extra: build_parser(name, description, extra),
-              lambda kw, f=func: f(**kw))
+COMMANDS = {"estimate": (_estimate, ESTIMATE_EXTRA), "preflight": (_preflight, PREFLIGHT_EXTRA),
+            "measure": (_measure, MEASURE_EXTRA)}
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `loradoctor estimate`, `preflight` or `measure` (one module, one option signature)."""
+    func, extra = COMMANDS[name]
+    return build_run_parser(name, _doc(func), extra, func)
