@@ -26,7 +26,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loradoctor-startup-"))
     log = tmp / "one.log"
     log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n", encoding="utf-8")
-    env = dict(os.environ, LORADOCTOR_CACHE_DIR=str(tmp / "cache"), NO_COLOR="1")
+    # bytecode as an installed package has it (written to a folder of this run, never into the checkout),
+    # even where PYTHONDONTWRITEBYTECODE is set: otherwise every run measures compiling the sources
+    env = dict(os.environ, LORADOCTOR_CACHE_DIR=str(tmp / "cache"), NO_COLOR="1", PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     py = sys.executable
     cases = {
         "python -c pass": [py, "-c", "pass"],

@@ -103,7 +103,7 @@ def gpus(fmt: str = "text") -> int:
     for name, spec in table.items():
         memory = f"{int(spec['memory_mib']) / 1024:.2f} GiB" if spec.get("memory_mib") else "-"
         bf16 = {True: "yes", False: "no"}.get(spec.get("bf16"), "-")
-        rows.append((name, memory, str(spec.get("cc") or "-"), bf16, ", ".join(spec.get("aliases") or [])))
+        rows.append((name, memory, str(spec.get("cc") or "-"), bf16, ", ".join(str(a) for a in spec.get("aliases") or [])))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"{a:<{w[0]}}  {b:>{w[1]}}  {c:<{w[2]}}  {d:<{w[3]}}  {e}".rstrip() for a, b, c, d, e in rows]
     lines += ["", "MEMORY is what nvidia-smi reports as total (a little below the datasheet size); "

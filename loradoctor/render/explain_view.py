@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from loradoctor.findings import Evidence, Finding
 from loradoctor.render import markdown as md_render
-from loradoctor.render.text import Painter, finding_lines, plural
+from loradoctor.render.text import Painter, evidence_lines, finding_lines, plural
 from loradoctor.units import format_bytes
 
 if TYPE_CHECKING:  # the engine is imported only by the commands that run it (start-up)
@@ -73,8 +73,8 @@ def explain_text(report: "ExplainReport", painter: Painter, verbose: bool = Fals
     p = painter
     findings = list(report.findings)
     found = report.diagnoses()
-    out = [p.style(verdict_line(report), "bold")]
-    out += p.para(inputs_line(report.inputs), style=("dim",))
+    out = p.para(verdict_line(report), style=("bold",), hang=2)
+    out += p.para(inputs_line(report.inputs), style=("dim",), hang=2)
     out.append("")
 
     if not found:
@@ -112,7 +112,7 @@ def _unrecognised_lines(p: Painter, tail: Sequence[Evidence]) -> list[str]:
     if tail:
         out.append("Last error-looking lines:")
         for e in tail:
-            out += p.para(e.text, indent=3, label=e.where(), hang=6)
+            out += evidence_lines(p, e.where(), e.text)
     else:
         out.append("No error-looking lines either: the log may be cut off before the failure.")
     out.append("")

@@ -57,8 +57,9 @@ class Painter:
         if self.width is None or len(head) + len(text) <= self.width:
             lines = [head + text]
         else:
+            # a long token (a path, a URL) overflows rather than being split: it stays copyable
             lines = textwrap.wrap(text, width=self.width, initial_indent=head, subsequent_indent=rest_indent,
-                                  break_on_hyphens=False) or [head]
+                                  break_on_hyphens=False, break_long_words=False) or [head]
         out = []
         for i, line in enumerate(lines):
             if i == 0 and label:
@@ -119,6 +120,13 @@ def plain_why(text: str) -> str:
     return "".join(out).strip()
 
 
+def evidence_lines(p: Painter, where: str, text: str) -> list[str]:
+    """A quoted line after its file:line; on a narrow terminal a long location gets a line of its own."""
+    if p.width is not None and len(where) > p.width // 3:
+        return p.para(where, indent=3, style=("dim",)) + p.para(text, indent=6)
+    return p.para(text, indent=3, label=where, hang=6)
+
+
 def why_label(f: Finding) -> str:
     return "why first:" if f.rank == 1 else "why here:"
 
@@ -126,8 +134,8 @@ def why_label(f: Finding) -> str:
 def finding_lines(p: Painter, f: Finding, brief: bool = False, verbose: bool = False) -> list[str]:
     """One finding: heading, cause line, summary; unless brief, why it ranks where it does, the
     evidence, the fixes (commands on their own lines) and the repro that confirms it."""
-    sev = p.style(f"{f.rank or '-'}. {f.severity.upper()}", *SEVERITY_STYLE.get(f.severity, ()))
-    lines = [sev + " " + p.style(f.title, "bold")]
+    lines = p.para(f.title, label=f"{f.rank or '-'}. {f.severity.upper()}",
+                   label_style=SEVERITY_STYLE.get(f.severity, ()), style=("bold",), hang=3)
     meta = f"cause {f.cause} · rule {f.rule} · confidence {f.confidence_label} ({f.confidence:.2f})"
     lines += p.para(meta, indent=3, style=("dim",) if brief else ())
     if f.summary:
@@ -139,7 +147,7 @@ def finding_lines(p: Painter, f: Finding, brief: bool = False, verbose: bool = F
         lines += p.para(why, indent=3, label=why_label(f))
     limit = len(f.evidence) if verbose else MAX_EVIDENCE_LINES
     for e in f.evidence[:limit]:
-        lines += p.para(e.text, indent=3, label=e.where(), hang=6)
+        lines += evidence_lines(p, e.where(), e.text)
     if len(f.evidence) > limit:
         more = len(f.evidence) - limit
         lines += p.para(f"... {plural(more, 'more evidence line')} (-v or --format json shows all)", indent=3,
