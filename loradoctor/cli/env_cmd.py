@@ -108,7 +108,9 @@ def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file:
                                     fresh=fresh)
     findings = env_checks.run_checks(snapshot, only=check or None)
     _render(snapshot, findings, fmt, verbose)
-    return env_view.exit_code(findings, strict=strict)
+    from loradoctor.findings import exit_code
+
+    return exit_code(findings, strict=strict)
 
 
 def _render(snapshot: dict, findings: list, fmt: str, verbose: bool) -> None:
