@@ -239,3 +239,22 @@ def test_zsh_and_fish_scripts_name_every_command(capsys):
         assert f"-a {name} " in fish
     assert "__fish_seen_subcommand_from repro; and __fish_seen_subcommand_from run' -l dtype -r" in fish
     one_line_error(*cli(capsys, "completion", "tcsh"), "tcsh")
+
+
+def test_help_imports_no_command_module_and_explain_no_rich(tmp_path):
+    log = tmp_path / "one.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n", encoding="utf-8")
+    probe = f"""
+import contextlib, io, sys
+from loradoctor.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    main(["--help"])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("rich", "yaml", "regex", "typer", "click", "pydantic")
+               or m.startswith(("loradoctor.cli.", "loradoctor.logs", "loradoctor.env", "loradoctor.estimate")))
+assert not heavy, heavy
+with contextlib.redirect_stdout(io.StringIO()):
+    main(["explain", {str(log)!r}])
+assert "rich" not in sys.modules and "loradoctor.cli.env_cmd" not in sys.modules
+"""
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
