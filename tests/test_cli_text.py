@@ -258,3 +258,24 @@ assert "rich" not in sys.modules and "loradoctor.cli.env_cmd" not in sys.modules
 """
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("why,said", [
+    ("placed after #1 (cuda-device-side-assert) because it is a consequence of it (cuda.device_assert matches "
+     "consequence_of oom.*, cuda.*, env.*); the root cause comes first",
+     "placed after #1 (cuda-device-side-assert) because it is a consequence of it; the root cause comes first"),
+    ("the only finding; it rests on numbers in the OOM message (free_bytes 14.31 MiB < requested_bytes 288.00 MiB; "
+     "allocated_bytes 22.91 GiB >= 0.75 * total_bytes 23.55 GiB)", "the only finding; it rests on numbers in the OOM message"),
+    ("the only finding; it rests on numbers in the traceback (phase save in ['eval', 'save']; location save in ['eval'])",
+     "the only finding; it rests on numbers in the traceback"),
+    ("ranks below #1 (peft-zero-trainable-params): numbers (trainable_params 0 == 0) support this more than "
+     "keyword-only finding #2 (optimizer-empty-parameter-list)",
+     "ranks below #1 (peft-zero-trainable-params): numbers support this more than keyword-only finding #2 "
+     "(optimizer-empty-parameter-list)"),
+    ("high confidence, severity error outranks #2 (oom-leak-late-step) (low, error); both rest on numbers",
+     "high confidence, severity error outranks #2 (oom-leak-late-step) (low, error); both rest on numbers"),
+])
+def test_ranking_reasons_in_words(why, said):
+    from loradoctor.render.text import plain_why
+
+    assert plain_why(why) == said

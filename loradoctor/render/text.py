@@ -85,7 +85,7 @@ def plural(n: int, word: str, many: Optional[str] = None) -> str:
 
 
 # Parentheses that hold the engine's working (fact names, comparisons, rule globs): shown with -v only.
-_INTERNAL_RE = re.compile(r"[a-z0-9]_[a-z0-9]|consequence_of|\.\*|[<>]=?|==|\b[a-z]+\.[a-z_]+\b")
+_INTERNAL_RE = re.compile(r"[a-z0-9]_[a-z0-9]|consequence_of|\.\*|[<>]=?|==|\b[a-z]+\.[a-z_]+\b| in \[")
 
 
 def plain_why(text: str) -> str:
