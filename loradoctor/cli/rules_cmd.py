@@ -70,7 +70,7 @@ def rules_list(fmt: str = "text", rules: List[Path] = ()) -> int:
     if fmt == "json":
         from loradoctor.render.json import dumps
 
-        write_report(dumps([explain_view.rule_summary(r) for r in loaded]))
+        write_report(dumps([r.to_dict() for r in loaded]))  # Rule's one serialiser
     else:
         write_report(explain_view.rules_table(loaded))
     return 0

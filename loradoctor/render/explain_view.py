@@ -140,20 +140,6 @@ def explain_md(report: "ExplainReport", top: Optional[int] = None, verbose: bool
 # ---------------------------------------------------------------------------- rules
 
 
-def rule_summary(rule: "Rule") -> dict[str, Any]:
-    """One rule as plain data for `rules list --format json`."""
-    return {
-        "id": rule.id,
-        "cause": rule.cause,
-        "severity": rule.severity,
-        "confidence": rule.confidence,
-        "title": rule.title,
-        "repro": rule.repro,
-        "generic": rule.generic,
-        "source": rule.source or None,
-    }
-
-
 def rules_table(rules: Sequence["Rule"]) -> str:
     """Plain aligned columns (grep-friendly): id, cause, severity, title."""
     rows = [("ID", "CAUSE", "SEVERITY", "TITLE")] + [(r.id, r.cause, r.severity, r.title) for r in rules]
