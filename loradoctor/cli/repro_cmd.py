@@ -156,9 +156,8 @@ def show_cmd(repro_id: str, source: bool = False) -> int:
     lines = [(ast.get_docstring(ast.parse(text)) or spec.checks).rstrip(), "", f"script: {spec.script}",
              "run it alone (default options):", "  " + run_alone_command(spec.script)]
     if spec.options:
-        example = json.dumps({next(iter(spec.options)): "VALUE"})
-        lines += [f"options ({', '.join(spec.options)}) go as one JSON object after the script, e.g. {example}"
-                  " with VALUE filled in; loradoctor repro run --opt KEY=VALUE does this for you"]
+        lines += [f"options go after the script as one JSON object in single quotes, with the keys "
+                  f"{', '.join(spec.options)}; `loradoctor repro run {spec.id} --opt KEY=VALUE` does the same"]
     write_report("\n".join(lines))
     return 0
 
