@@ -10,7 +10,7 @@
 #   QUICK=1 bash benchmarks/device_run.sh    # 3 measure runs, about 2 minutes
 #   PYTHON=/path/to/venv/bin/python BUDGET_S=300 bash benchmarks/device_run.sh
 #
-# Needs: a CUDA torch, loradoctor's own dependencies (typer, rich, pyyaml, regex, packaging, psutil,
+# Needs: a CUDA torch, loradoctor's own dependencies (rich, pyyaml, regex, packaging, psutil,
 # nvidia-ml-py) importable by $PYTHON, and transformers + peft (+ bitsandbytes for QLoRA) for the
 # measure part; what is missing is recorded and skipped. Nothing is downloaded.
 # Status: written without a GPU; not yet run on one.
@@ -31,7 +31,7 @@ have() { "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find
 import json, platform, sys
 from importlib import metadata
 out = {"python": sys.version.split()[0], "platform": platform.platform()}
-for name in ("torch", "transformers", "peft", "bitsandbytes", "flash-attn", "accelerate", "loradoctor", "typer", "rich"):
+for name in ("torch", "transformers", "peft", "bitsandbytes", "flash-attn", "accelerate", "loradoctor", "rich"):
     try:
         out[name] = metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -376,7 +376,7 @@ def speed(repeats: int = 9) -> dict[str, float]:
     # CPU time (user + system of the child) is reported too: on a loaded shared machine wall time mostly
     # measures the wait for a core
     bare = timed([sys.executable, "-c", "pass"], "bare")
-    cli = timed([sys.executable, "-m", "loradoctor", "--version"], "cli")  # typer + the CLI skeleton, no command
+    cli = timed([sys.executable, "-m", "loradoctor", "--version"], "cli")  # the CLI skeleton, no command
     cmd = timed([sys.executable, "-m", "loradoctor", "estimate", "--model", "meta-llama/Llama-3.1-8B",
                  "--method", "qlora", "--gradient-checkpointing", "--gpu", "RTX 4090", "--format", "json"], "estimate")
     return {"bare_python_min_s": min(bare), "cli_version_min_s": min(cli), "estimate_min_s": min(cmd),
@@ -424,7 +424,7 @@ def main(argv: list[str]) -> int:
         s = out["speed"]
         print(f"speed (min of runs): estimate {s['estimate_min_s']:.3f}s, bare python {s['bare_python_min_s']:.3f}s, "
               f"difference {s['estimate_minus_bare_s']:.3f}s (target < 0.3 s); medians "
-              f"{s['estimate_median_s']:.3f}s / {s['bare_python_median_s']:.3f}s; `loradoctor --version` (typer + CLI "
+              f"{s['estimate_median_s']:.3f}s / {s['bare_python_median_s']:.3f}s; `loradoctor --version` (CLI "
               f"skeleton) {s['cli_version_min_s']:.3f}s; CPU time estimate {s['estimate_cpu_s']:.3f}s, bare "
               f"{s['bare_python_cpu_s']:.3f}s, difference {s['estimate_minus_bare_cpu_s']:.3f}s")
     return 0

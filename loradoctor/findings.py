@@ -121,3 +121,10 @@ def worst_severity(findings: Iterable[Finding]) -> Optional[str]:
         if worst is None or SEVERITY_WEIGHT[f.severity] > SEVERITY_WEIGHT[worst]:
             worst = f.severity
     return worst
+
+
+def exit_code(findings: Iterable[Finding], strict: bool = False) -> int:
+    """The exit policy of a report made of findings (env, preflight's checks): 1 when any is an error, or a
+    warning under `strict`; else 0."""
+    worst = worst_severity(findings)
+    return 1 if worst == "error" or (strict and worst == "warning") else 0

@@ -53,7 +53,7 @@ def test_markdown_is_redacted():
 def test_strict_turns_warnings_into_exit_1(tmp_path):
     snap = json.loads((SNAPS / "healthy_ampere_32gb.json").read_text())
     snap["env_vars"]["CUDA_LAUNCH_BLOCKING"] = "1"
-    path = tmp_path / "env_strict.json"
+    path = tmp_path / "env_strict.json"  # written under tmp_path, never into the checkout
     path.write_text(json.dumps(snap))
     assert run_cli("env", "--from", str(path)).returncode == 0
     assert run_cli("env", "--from", str(path), "--strict").returncode == 1

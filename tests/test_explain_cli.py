@@ -76,15 +76,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     """Run `loradoctor ARGS` in-process through cli.main(); return (exit code, stdout, stderr)."""
     from loradoctor.cli import main
 
-    old_argv = sys.argv
-    sys.argv = ["loradoctor", *args]
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    finally:
-        sys.argv = old_argv
+    code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -96,7 +88,7 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 def test_help_teaches_with_examples(capsys, command):
     code, out, _ = cli(capsys, *command, "--help")
     assert code == 0
-    assert "Examples:" in out
+    assert "examples:" in out.lower()
     examples = [line for line in out.splitlines() if line.strip().startswith("loradoctor ")]
     assert len(examples) >= 2, out
 
@@ -139,8 +131,10 @@ def test_json_contract(capsys, user_rules, jam_log):
     code, out, _ = cli(capsys, "explain", str(jam_log), "--rules", str(user_rules), "--format", "json")
     assert code == 0
     doc = json.loads(out)
-    assert list(doc) == ["schema", "inputs", "findings"]
-    assert doc["schema"] == "loradoctor.explain/1"
+    # one document for explain (ExplainReport.to_dict): what the report holds, findings ranked best first
+    assert list(doc)[:4] == ["schema", "status", "inputs", "findings"]
+    assert {"unrecognised_tail", "facts", "rules_checked"} <= set(doc)
+    assert doc["schema"] == "loradoctor.explain/1" and doc["status"] == "diagnosed"
     assert doc["inputs"][0]["path"] == str(jam_log)
     assert doc["inputs"][0]["lines"] == JAM_LOG.count("\n")
     assert {"path", "bytes", "lines", "compressed", "ranks"} <= set(doc["inputs"][0])
@@ -210,9 +204,23 @@ def test_nothing_recognised_says_so_and_shows_the_tail(capsys, tmp_path):
     assert re.search(r"odd\.log:4 ERROR: the flux capacitor", out), out
 
 
-def test_info_findings_alone_are_not_a_diagnosis(capsys):
-    # A healthy run (use_cache warning and all) exits 1: nothing to diagnose.
+def test_a_finished_run_is_reported_as_finished_and_exits_0(capsys):
+    # A healthy run (use_cache warning and all) that reaches the trainer's end-of-training record.
     code, out, _ = cli(capsys, "explain", str(ROOT / "fixtures" / "goodlogs" / "hf-trainer-lora-bf16.log"))
+    assert code == 0, out
+    assert out.startswith("The run finished without a failure")
+    assert "Nothing recognised" not in out and "Last error-looking lines" not in out
+    code, out, _ = cli(capsys, "explain", str(ROOT / "fixtures" / "goodlogs" / "hf-trainer-lora-bf16.log"),
+                       "--format", "json")
+    assert code == 0 and json.loads(out)["status"] == "finished"
+
+
+def test_info_findings_alone_are_not_a_diagnosis(capsys, tmp_path):
+    # The same healthy log cut off before its end-of-training record: nothing to diagnose, exit 1.
+    text = (ROOT / "fixtures" / "goodlogs" / "hf-trainer-lora-bf16.log").read_text(encoding="utf-8")
+    cut = tmp_path / "cut.log"
+    cut.write_text(text[: text.index("{'train_runtime'")], encoding="utf-8")
+    code, out, _ = cli(capsys, "explain", str(cut))
     assert code == 1
     assert out.startswith("Nothing recognised")
 

@@ -10,8 +10,8 @@ import pytest
 from loradoctor.estimate.inputs import resolve_inputs
 from loradoctor.estimate.memory import estimate
 from loradoctor.repro import measure as measure_mod
-from loradoctor.repro.measure import (build_report, child_spec, compare, config_for_child, exit_code_for,
-                                      render_text, run_measure)
+from loradoctor.render.measure_view import measure_text as render_text
+from loradoctor.repro.measure import build_report, child_spec, compare, config_for_child, exit_code_for, run_measure
 
 from conftest import run_cli
 

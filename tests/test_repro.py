@@ -195,23 +195,33 @@ def test_from_reads_a_real_explain_document(tmp_path):
     assert ids and ids[0] == "gc-require-grad" and set(ids) <= set(REPRO_IDS)
 
 
-def test_text_view_shows_status_summary_and_evidence():
-    import io
+def test_text_view_shows_verdict_summary_and_evidence():
+    from loradoctor.render.repro_view import result_lines, summary_lines
+    from loradoctor.render.text import Painter
 
-    from rich.console import Console
-
-    from loradoctor.render.repro_view import print_result, print_summary
-
-    buf = io.StringIO()
-    con = Console(file=buf, width=200, no_color=True)
+    p = Painter()
     fail = ReproResult("gc-require-grad", "FAIL", "reproduces the error", evidence=[f"line {i}" for i in range(20)],
                        numbers={"arms": [1]}, duration_s=1.25)
     ok = ReproResult("bf16", "PASS", "works", evidence=[f"ok {i}" for i in range(9)])
-    print_result(con, fail)
-    print_result(con, ok)
-    print_summary(con, [fail, ok])
-    text = buf.getvalue()
-    assert "FAIL  gc-require-grad  reproduces the error (1.2 s)" in text or "FAIL  gc-require-grad  reproduces the error (1.3 s)" in text
+    kinds = {"gc-require-grad": "problem", "bf16": "check"}
+    text = "\n".join(result_lines(p, fail, "problem") + result_lines(p, ok, "check")
+                     + summary_lines(p, [fail, ok], kinds))
+    # a problem repro that reproduces is CONFIRMED, not FAIL; a check that works is PASS
+    assert "CONFIRMED gc-require-grad  reproduces the error (1.2 s)" in text or "CONFIRMED gc-require-grad  reproduces the error (1.3 s)" in text
+    assert "PASS bf16  works" in text
     assert "line 15" in text and "line 16" not in text and "4 more lines" in text  # FAIL: up to 16 lines
     assert "ok 3" in text and "ok 4" not in text  # PASS: quiet
-    assert "FAIL 2 repro(s): 1 PASS, 1 FAIL, 0 SKIP, 0 ERROR" in text
+    assert "FAIL 2 repros: 1 passed, 1 failed (1 confirmed)" in text
+
+
+def test_all_skipped_is_skipped_not_pass_and_the_reason_is_said_once():
+    from loradoctor.render.repro_view import summary_lines
+    from loradoctor.render.text import Painter
+
+    reason = "no CUDA GPU here (torch.cuda.is_available() is False)"
+    skips = [ReproResult(i, "SKIP", reason) for i in ("bf16", "fp16", "cuda-init")]
+    assert overall_status(skips) == "SKIP" and exit_code(skips) == 0
+    assert run_document(skips)["status"] == "SKIP"
+    text = "\n".join(summary_lines(Painter(), skips, {}))
+    assert text.count(reason) == 1 and "bf16, fp16, cuda-init" in text
+    assert "SKIPPED 3 repros: nothing ran here" in text and "PASS" not in text

@@ -1,80 +1,143 @@
-"""The command line: one small module per command family; each parses options, calls a core, renders.
+"""The command line: one argparse tree with a lazy command table (as pip does).
 
-Exit codes mean one thing each across commands: 0 healthy / diagnosis made, 1 problems found
-(or nothing recognised, for explain), 2 the doctor could not run or bad usage.
+`loradoctor --help` imports no command module; `loradoctor NAME ...` imports only NAME's module,
+which builds its parser (`build_parser(name)`) and sets `func(options) -> exit code` on it. Every
+error reaches the user the same way: `loradoctor: error: <one line>` on stderr, exit 2.
+
+Exit codes, the same for every command:
+  0  healthy / a diagnosis was made / done
+  1  problems found (explain: nothing recognised; repro: a problem confirmed; estimate: does not fit)
+  2  bad usage or unreadable input (one line on stderr)
+  3  loradoctor itself failed (one line on stderr naming the file with the traceback)
+A reader that goes away (`| head`) does not change the code; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Optional, Sequence
 
-import typer
+# name -> (module, one-line summary). The summaries are the root --help; modules load on use only.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("loradoctor.cli.env_cmd",
+            "check this machine: driver, CUDA, torch build, bf16, flash-attn, bitsandbytes, GPU memory"),
+    "explain": ("loradoctor.cli.explain_cmd", "name the root cause of a failed run from its logs, with evidence and fixes"),
+    "estimate": ("loradoctor.cli.estimate_cmd", "predict peak GPU memory of a LoRA / QLoRA / full fine-tuning run"),
+    "preflight": ("loradoctor.cli.estimate_cmd", "quick env checks + the estimate on this GPU; put it before train.py"),
+    "measure": ("loradoctor.cli.estimate_cmd", "measure a few real training steps on this GPU next to the estimate"),
+    "repro": ("loradoctor.cli.repro_cmd", "small GPU tests that confirm a diagnosis: list | show ID | run ID..."),
+    "rules": ("loradoctor.cli.rules_cmd", "the rule library behind explain: list | show ID | lint [DIR]"),
+    "gpus": ("loradoctor.cli.docs_cmd", "the GPU card table --gpu NAME is matched against: memory, compute capability, bf16"),
+    "docs": ("loradoctor.cli.docs_cmd", "read the documentation shipped with loradoctor: docs [TOPIC]"),
+    "completion": ("loradoctor.cli.completion_cmd", "print a shell completion script: completion bash|zsh|fish"),
+}
 
-from loradoctor import __version__
-from loradoctor.errors import UserError
+EXIT_CODES = """exit codes (every command):
+  0  healthy / a diagnosis was made / done
+  1  problems found (explain: nothing recognised; repro: a problem confirmed; estimate: does not fit)
+  2  bad usage or unreadable input (one line on stderr)
+  3  loradoctor itself failed (one line on stderr naming the file with the full traceback)
+  Output cut short by a closed pipe (| head) keeps the command's code; Ctrl-C exits 130."""
 
-app = typer.Typer(
-    name="loradoctor",
-    help=(
-        "The offline doctor for LoRA / QLoRA fine-tuning.\n\n"
-        "\b\n"
-        "  loradoctor env                  check this machine: driver, CUDA, torch build, bf16,\n"
-        "                                  flash-attn, bitsandbytes, GPU memory held by others\n"
-        "  loradoctor explain crash.log    name the root cause of a crash, with evidence and fixes\n"
-        "  loradoctor estimate --model meta-llama/Llama-3.1-8B --method qlora --gpu 'RTX 5090'\n"
-        "  loradoctor preflight ...        env checks + estimate on this GPU; put it before train.py\n"
-        "  loradoctor repro run bf16       confirm a diagnosis with a small GPU test\n\n"
-        "Nothing here uses the network. Exit codes: 0 ok, 1 problems found, 2 bad usage or unreadable input."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    add_help_option=False,  # replaced by the bool --help below: typer coerces click's own flag through pydantic (slow import)
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"loradoctor {__version__}")
-        raise typer.Exit(0)
+LAUNCH_SNIPPET = """set -o pipefail   # without it the pipeline's status is tee's, and explain never runs
+loradoctor preflight --config train.yaml || exit 1
+python train.py 2>&1 | tee run.log || { status=$?; loradoctor explain run.log --env live; exit $status; }"""
 
 
-def _help(ctx: typer.Context, value: bool) -> None:
-    if value:
-        typer.echo(ctx.get_help())
-        raise typer.Exit(0)
+def root_help() -> str:
+    from loradoctor import __version__
+
+    width = max(len(n) for n in COMMANDS)
+    table = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items())
+    return f"""usage: loradoctor [-h] [--version] COMMAND ...
+
+The offline doctor for LoRA / QLoRA fine-tuning (loradoctor {__version__}). Nothing here uses the network.
+
+commands:
+{table}
+
+examples:
+  loradoctor env
+  loradoctor explain crash.log
+  loradoctor estimate --model meta-llama/Llama-3.1-8B --method qlora --gpu 'RTX 5090'
+  loradoctor repro run bf16
+
+a launch script (bash):
+{_indent(LAUNCH_SNIPPET)}
+
+`loradoctor COMMAND --help` shows a command's options; `loradoctor completion bash|zsh|fish` prints
+a completion script.
+
+{EXIT_CODES}
+"""
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
-    help_: bool = typer.Option(False, "-h", "--help", callback=_help, is_eager=True, expose_value=False,
-                               help="Show this message and exit."),
-) -> None:
-    pass
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
-def _register() -> None:
-    # Each module adds its commands to `app`; imports inside them stay lazy so startup stays fast.
-    from loradoctor.cli import env_cmd, estimate_cmd, explain_cmd, repro_cmd
+def build_command_parser(name: str):
+    """The parser of one command (its module imported now)."""
+    import importlib
 
-    for module in (env_cmd, explain_cmd, estimate_cmd, repro_cmd):
-        module.register(app)
-
-
-_register()
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.build_parser(name)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run loradoctor with `argv` (default sys.argv[1:]); returns the exit code (the console script exits with it)."""
+    from loradoctor.errors import UserError, one_line
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app()
+        return _dispatch(args)
     except UserError as exc:
-        print(f"loradoctor: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        print(f"loradoctor: error: {one_line(str(exc))}", file=sys.stderr)
+        return exc.exit_code
+    except SystemExit as exc:  # argparse's --help and --version
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
         print("loradoctor: interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
     except BrokenPipeError:
-        sys.exit(0)
+        from loradoctor.render.output import stdout_closed
+
+        stdout_closed()
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected failure is turned into a line
+        from loradoctor.errors import report_crash
+
+        print(report_crash(exc, args), file=sys.stderr)
+        return 3
+
+
+def _dispatch(args: list[str]) -> int:
+    from loradoctor.errors import UserError
+    from loradoctor.render.output import write_report
+
+    if not args:
+        write_report(root_help().rstrip("\n"))
+        return 2
+    first = args[0]
+    if first in ("-h", "--help"):
+        write_report(root_help().rstrip("\n"))
+        return 0
+    if first == "--version":
+        from loradoctor import __version__
+
+        write_report(f"loradoctor {__version__}")
+        return 0
+    if first not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(first, list(COMMANDS), n=1)
+        what = "option" if first.startswith("-") else "command"
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UserError(f"unknown {what} {first!r}{hint} (loradoctor --help lists the commands)")
+    parser = build_command_parser(first)
+    options = vars(parser.parse_args(args[1:]))
+    func = options.pop("func", None)
+    if func is None:  # a group (repro, rules) without its subcommand
+        write_report(parser.format_help().rstrip("\n"))
+        return 2
+    return int(func(options) or 0)

@@ -1,46 +1,66 @@
-"""Commands whose options argparse parses, mounted under the typer root.
+"""What every command module shares: the argparse parser that reports bad usage the loradoctor way
+(one line, exit 2), and small option checks.
 
-typer coerces each typed option through pydantic, and importing it (with typer's adapters) costs
-about 0.3 s, more than the rest of a `loradoctor env` that hits its probe cache. The commands people
-run on every launch (env, explain, estimate, preflight) therefore take their options with argparse:
-the root app only dispatches to them and lists them in `loradoctor --help`.
+A command module defines `build_parser(name)`: a parser whose `func` default (set_defaults) takes the
+parsed options as a dict and returns the exit code. The root (loradoctor/cli/__init__.py) imports the
+module only when its command runs.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
-
-import typer
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 from loradoctor.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage the loradoctor way: one line, exit 2 (via UserError)."""
+    """argparse that reports bad usage as one line and exit 2 (via UserError), never a usage block."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("loradoctor").strip()
+        raise UserError(f"{command}: {message} (loradoctor {command} --help)" if command else message)
 
 
-def new_parser(name: str, description: str, epilog: str = "") -> Parser:
+def new_parser(name: str, description: str, epilog: str = "",
+               func: Optional[Callable[[dict[str, Any]], int]] = None) -> Parser:
     """An empty parser for `loradoctor NAME`; the description and epilog keep their line breaks."""
-    return Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    if func is not None:
+        p.set_defaults(func=func)
+    return p
 
 
-def mount(app: typer.Typer, name: str, summary: str, make_parser: Callable[[], argparse.ArgumentParser],
-          body: Callable[[dict[str, Any]], int], help_when_empty: bool = False) -> None:
-    """Add `loradoctor NAME` to the root app: typer passes every argument through untouched, argparse
-    parses them (its --help included), `body(options)` runs and returns the exit code.
-    `help_when_empty`: no argument at all prints the help and exits 2 (a command that needs input)."""
-    settings = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+def add_subcommands(parser: Parser) -> Any:
+    """The subparsers of a group command (repro, rules); each subcommand sets its own `func`."""
+    return parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
 
-    @app.command(name, help=summary, context_settings=settings, add_help_option=False)
-    def _cmd(ctx: typer.Context) -> None:
-        parser = make_parser()
-        if help_when_empty and not ctx.args:
-            parser.print_help()
-            raise typer.Exit(2)
-        code = body(vars(parser.parse_args(list(ctx.args))))
-        raise typer.Exit(code or 0)
+
+def sub_parser(subs: Any, name: str, description: str, func: Callable[[dict[str, Any]], int]) -> Parser:
+    p = subs.add_parser(name, help=description.split("\n")[0].rstrip("."), description=description,
+                        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
+def check_format(fmt: str, allowed: tuple[str, ...]) -> str:
+    value = fmt.strip().lower()
+    if value not in allowed:
+        raise UserError(f"--format {fmt!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def check_rule_dir(path: Path, option: str) -> str:
+    if not path.exists():
+        raise UserError(f"{option} {path}: no such folder")
+    if not path.is_dir():
+        raise UserError(f"{option} {path}: not a folder (give the folder that holds your rule .yaml files)")
+    return str(path)
+
+
+def format_option(parser: Parser, choices: tuple[str, ...]) -> None:
+    """`-f/--format` with the given choices (the first is the default)."""
+    parser.add_argument("-f", "--format", dest="fmt", default=choices[0], metavar="FMT",
+                        help=" | ".join(choices) + f" (default {choices[0]})")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import typer
-
 from loradoctor.errors import UserError
 
 WANT_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "flash-attn": "flash-attn",
@@ -46,11 +44,11 @@ Exit codes: 0 healthy (warnings allowed), 1 an error finding (--strict: a warnin
 2 the doctor could not run or bad usage."""
 
 
-def build_parser():
-    """argparse for `loradoctor env` (see loradoctor/cli/_args.py for why not typer options)."""
+def build_parser(name: str = "env"):
+    """argparse for `loradoctor env`."""
     from loradoctor.cli._args import new_parser
 
-    p = new_parser("env", ENV_HELP)
+    p = new_parser(name, ENV_HELP, func=lambda opts: run(**opts))
     p.add_argument("--deep", action="store_true", help="also run a tiny bf16/fp16 matmul on each GPU (seconds)")
     p.add_argument("--quick", action="store_true", help="skip the bitsandbytes and flash-attn probes; short torch timeout")
     p.add_argument("--fresh", action="store_true", help="re-run the torch / extension probes even if a remembered result is still valid")
@@ -73,13 +71,6 @@ def build_parser():
     return p
 
 
-def register(app: typer.Typer) -> None:
-    from loradoctor.cli._args import mount
-
-    mount(app, "env", "Check the machine: driver, CUDA, torch build, bf16 / flash-attn, bitsandbytes, GPU memory, health.",
-          build_parser, lambda opts: run(**opts))
-
-
 def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file: Optional[str] = None,
         fmt: str = "text", strict: bool = False, timeout: Optional[float] = None, python: Optional[str] = None,
         want: Optional[str] = None, check: Optional[List[str]] = None, list_checks: bool = False,
@@ -89,8 +80,9 @@ def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file:
     from loradoctor.render import env_view
 
     if list_checks:
-        for line in env_view.checks_table(env_checks.CHECKS):
-            typer.echo(line)
+        from loradoctor.render.output import write_report
+
+        write_report("\n".join(env_view.checks_table(env_checks.CHECKS)))
         return 0
     if fmt not in ("text", "json", "md"):
         raise UserError(f"--format must be text, json or md, not {fmt!r}")
@@ -124,20 +116,23 @@ def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file:
             "name": card.name, "compute_capability": card.compute_capability, "source": "--gpu"}
     findings = env_checks.run_checks(snapshot, only=check or None, strict=strict)
     _render(snapshot, findings, fmt, verbose)
-    return env_view.exit_code(findings, strict=strict)
+    from loradoctor.findings import exit_code
+
+    return exit_code(findings, strict=strict)
 
 
 def _render(snapshot: dict, findings: list, fmt: str, verbose: bool) -> None:
     from loradoctor.env.snapshot import REPORT_SCHEMA
     from loradoctor.render import env_view
+    from loradoctor.render.output import write_report
 
     if fmt == "json":
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(env_view.report_document(snapshot, findings, REPORT_SCHEMA)))
+        write_report(dumps(env_view.report_document(snapshot, findings, REPORT_SCHEMA)))
     elif fmt == "md":
-        typer.echo(env_view.env_markdown(snapshot, findings), nl=False)
+        write_report(env_view.env_markdown(snapshot, findings), end="")
     else:
-        from loradoctor.render.terminal import console
+        from loradoctor.render.terminal import captured
 
-        env_view.print_env_report(console(), snapshot, findings, verbose=verbose)
+        write_report(captured(env_view.print_env_report, snapshot, findings, verbose=verbose))

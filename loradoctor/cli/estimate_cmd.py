@@ -13,10 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import typer
-
-from loradoctor.cli._args import mount, new_parser
+from loradoctor.cli._args import new_parser
 from loradoctor.errors import UserError
+from loradoctor.render.output import write_report
 
 
 # The options that describe a run, defined once for estimate, preflight and measure:
@@ -54,11 +53,10 @@ RUN_OPTION_NAMES = tuple(name for name, _, _ in RUN_OPTIONS)
 FORMAT_OPTION = ("fmt", ("--format",), dict(default="text", help="text or json"))
 
 
-def build_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]]) -> argparse.ArgumentParser:
-    """The parser for one of the three commands: RUN_OPTIONS + the command's own options (argparse, not
-    typer's per-option coercion: see loradoctor/cli/_args.py; `estimate` must answer within 0.3 s of a bare
-    interpreter start)."""
-    parser = new_parser(prog, description)
+def build_run_parser(prog: str, description: str, extra: list[tuple[str, tuple[str, ...], dict[str, Any]]],
+                     func: Callable[..., int]) -> argparse.ArgumentParser:
+    """The parser for one of the three commands: RUN_OPTIONS + the command's own options."""
+    parser = new_parser(prog, description, func=lambda opts: func(**opts))
     for dest, flags, kw in RUN_OPTIONS + extra:
         parser.add_argument(*flags, dest=dest, **kw)
     return parser
@@ -72,37 +70,6 @@ def resolve_from_options(kwargs: dict[str, Any]):
     return resolve_inputs(cli, kwargs.get("config") or [])
 
 
-def _quiet_on_broken_pipe() -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def _text_console() -> Any:
-    """The terminal console, except that a reader who stops early (`| head`) silences the rest instead of
-    rich's SystemExit(1): the verdict, not the pipe, decides the exit code."""
-    from loradoctor.render.terminal import console
-
-    con = console()
-
-    def on_broken_pipe() -> None:
-        con.quiet = True
-        _quiet_on_broken_pipe()
-
-    con.on_broken_pipe = on_broken_pipe
-    return con
-
-
-def _emit(write: Callable[[], None]) -> None:
-    """Run `write` (the rendering) and flush. On a broken pipe the rest of the output goes to /dev/null and
-    the command still exits with the verdict's code (0 go / fits, 1 will fail), not 1 for any broken pipe."""
-    try:
-        write()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_on_broken_pipe()
-
-
 def _check_format(fmt: str) -> None:
     if fmt not in ("text", "json"):
         raise UserError(f"--format must be text or json, not {fmt!r}")
@@ -110,7 +77,7 @@ def _check_format(fmt: str) -> None:
 
 # --- estimate ------------------------------------------------------------------------------------
 
-def _estimate(**kw: Any) -> None:
+def _estimate(**kw: Any) -> int:
     """Predict peak GPU memory of a LoRA / QLoRA / full fine-tuning run: a breakdown per component, a band,
     a verdict against a card (--gpu / --vram: its memory, and for a named card its bf16 / FlashAttention 2 /
     fp8 support) and what to change first. Exit 0; 1 when it does not fit the given card or the card
@@ -132,17 +99,17 @@ def _estimate(**kw: Any) -> None:
         from loradoctor.render.estimate_view import estimate_document
         from loradoctor.render.json import dumps
 
-        _emit(lambda: typer.echo(dumps(estimate_document(est, result, provenance, problems))))
+        write_report(dumps(estimate_document(est, result, provenance, problems)))
     else:
         from loradoctor.render.estimate_view import print_estimate
+        from loradoctor.render.terminal import captured
 
-        _emit(lambda: print_estimate(_text_console(), est, result, provenance, assumed(provenance, est.inputs.method), problems))
-    if result is not None and (result.verdict == "does not fit" or problems):
-        raise typer.Exit(1)
+        write_report(captured(print_estimate, est, result, provenance, assumed(provenance, est.inputs.method), problems))
+    return 1 if result is not None and (result.verdict == "does not fit" or problems) else 0
 
 
 ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card, its memory and features (e.g. 'RTX 4090', 'A100 80GB', T4; the card table is loradoctor/data/gpus.yaml); a name that is several cards (A100, V100, A6000, 4060 Ti) asks for the variant. 'local[:INDEX]': the free memory of a GPU here now")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card, its memory and features (e.g. 'RTX 4090', 'A100 80GB', T4; `loradoctor gpus` lists them); a name that is several cards (A100, V100, A6000, 4060 Ti) asks for the variant. 'local[:INDEX]': the free memory of a GPU here now")),
     ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory; a unit is required: 24GB and 24GiB both mean 24 x 2^30 bytes, as cards are labelled (a '24 GB' RTX 4090 has 24 GiB)")),
     ("what_if", ("--what-if",), dict(action=argparse.BooleanOptionalAction, default=True, help="search the largest batch / longest sequence and rank the fixes (default on)")),
     FORMAT_OPTION,
@@ -151,7 +118,7 @@ ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 
 # --- preflight -----------------------------------------------------------------------------------
 
-def _preflight(**kw: Any) -> None:
+def _preflight(**kw: Any) -> int:
     """Quick environment checks + the memory estimate against the GPU this run will use (its free memory now,
     other processes included) + the card's features (bf16, FlashAttention 2). One screen. Exit 0 the run can
     start, 1 it will fail or cannot be judged here (no usable GPU: pass --gpu NAME to judge a card instead;
@@ -185,12 +152,13 @@ def _preflight(**kw: Any) -> None:
         from loradoctor.render.estimate_view import preflight_document
         from loradoctor.render.json import dumps
 
-        _emit(lambda: typer.echo(dumps(preflight_document(out, provenance))))
+        write_report(dumps(preflight_document(out, provenance)))
     else:
         from loradoctor.render.estimate_view import print_preflight
+        from loradoctor.render.terminal import captured
 
-        _emit(lambda: print_preflight(_text_console(), out, provenance))
-    raise typer.Exit(0 if out.go else 1)
+        write_report(captured(print_preflight, out, provenance))
+    return 0 if out.go else 1
 
 
 PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
@@ -204,7 +172,7 @@ PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 
 # --- measure (issue 5: loradoctor.repro.measure) -------------------------------------------------
 
-def _measure(**kw: Any) -> None:
+def _measure(**kw: Any) -> int:
     """Build the model from its config with random weights on this GPU and measure a few real training steps
     (peak allocated / reserved / device), next to the estimate. Needs an NVIDIA GPU and a CUDA torch."""
     fmt = kw["fmt"]
@@ -215,11 +183,26 @@ def _measure(**kw: Any) -> None:
     if not 0 < timeout_s <= 24 * 3600:
         raise UserError("--timeout must be between 0 and 86400 seconds")
     inputs, _ = resolve_from_options(kw)
-    try:
-        from loradoctor.repro.measure import measure_command
-    except ImportError as exc:
-        raise UserError(f"measure is not available in this build ({exc})") from None
-    raise typer.Exit(measure_command(inputs, fmt, steps, timeout_s))
+    import sys
+
+    from loradoctor.repro.measure import exit_code_for, run_measure
+
+    def progress(message: str) -> None:
+        if fmt == "text" or sys.stderr.isatty():
+            print(f"  {message}", file=sys.stderr, flush=True)
+
+    report = run_measure(inputs, steps, timeout_s, on_progress=progress)
+    if fmt == "json":
+        from loradoctor.render.json import dumps
+
+        write_report(dumps(report))
+    elif report["status"] == "skipped":
+        print(f"loradoctor: error: measure needs a CUDA GPU and transformers + peft: {report['reason']}", file=sys.stderr)
+    else:
+        from loradoctor.render.measure_view import measure_text
+
+        write_report(measure_text(report))
+    return exit_code_for(report)
 
 
 MEASURE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
@@ -229,14 +212,15 @@ MEASURE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
-def _doc(func: Callable[..., Any]) -> tuple[str, str]:
-    doc = inspect.cleandoc(func.__doc__ or "")
-    return doc.split(".")[0] + ".", doc
+def _doc(func: Callable[..., Any]) -> str:
+    return inspect.cleandoc(func.__doc__ or "")
 
 
-def register(app: typer.Typer) -> None:
-    for name, func, extra in (("estimate", _estimate, ESTIMATE_EXTRA), ("preflight", _preflight, PREFLIGHT_EXTRA),
-                              ("measure", _measure, MEASURE_EXTRA)):
-        summary, description = _doc(func)
-        mount(app, name, summary, lambda name=name, description=description, extra=extra: build_parser(name, description, extra),
-              lambda kw, f=func: f(**kw))
+COMMANDS = {"estimate": (_estimate, ESTIMATE_EXTRA), "preflight": (_preflight, PREFLIGHT_EXTRA),
+            "measure": (_measure, MEASURE_EXTRA)}
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `loradoctor estimate`, `preflight` or `measure` (one module, one option signature)."""
+    func, extra = COMMANDS[name]
+    return build_run_parser(name, _doc(func), extra, func)

@@ -1,7 +1,7 @@
-"""`loradoctor explain` and `loradoctor rules`: parse options, call the log engine, render.
+"""`loradoctor explain`: parse options, call the log engine, render, write.
 
-The engine (loradoctor.logs) and rich are imported inside the command functions so that
-`loradoctor --help` stays fast.
+The engine (loradoctor.logs) is imported inside the command function so that `loradoctor --help`
+stays fast.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, List, Optional
-
-import typer
 
 from loradoctor.errors import UserError
 
@@ -24,75 +22,26 @@ EXPLAIN_HELP = """Name the root cause of a failed LoRA / QLoRA run from its logs
 
 Reads plain, .gz, .bz2 and .xz logs, folders of rank logs, or - for stdin; prints the most
 likely cause first with the lines it rests on, the numbers, fixes in order, and the GPU test
-that confirms it. Nothing is sent anywhere.
+that confirms it. A log that ends with the trainer's final summary and no failure is reported
+as a finished run. Nothing is sent anywhere.
 
-Examples:
+examples:
   loradoctor explain train.log
-  python train.py 2>&1 | tee run.log; loradoctor explain run.log --env live
   loradoctor explain logs/rank*.log --format md > issue.md
   kubectl logs job/finetune | loradoctor explain - --format json
 
-Exit codes: 0 a diagnosis was made, 1 nothing recognised, 2 bad usage or unreadable input.
-"""
+in a launch script (bash; pipefail makes the pipeline's status the training's, not tee's):
+  set -o pipefail
+  python train.py 2>&1 | tee run.log || { status=$?; loradoctor explain run.log --env live; exit $status; }
 
-RULES_HELP = """The rule library behind `loradoctor explain` (YAML under rules/, see docs/rules.md).
-
-\b
-Examples:
-  loradoctor rules list
-  loradoctor rules show oom-fragmentation
-  loradoctor rules lint my-rules/
-"""
-
-RULES_LIST_HELP = """List the rules: id, cause, severity, title.
-
-\b
-Examples:
-  loradoctor rules list
-  loradoctor rules list --format json | jq -r '.[].cause' | sort -u
-  loradoctor rules list --rules my-rules/
-"""
-
-RULES_SHOW_HELP = """Print one rule's documentation: what it means, its patterns and conditions, fixes, repro.
-
-\b
-Examples:
-  loradoctor rules show oom-fragmentation
-  loradoctor rules show my-rule --rules my-rules/
-"""
-
-RULES_LINT_HELP = """Check a rule folder against the schema: ids, causes, regexes, conditions, repro ids.
-
-Prints each problem with its file; exit 1 if there are any, 2 if the folder does not exist.
-
-\b
-Examples:
-  loradoctor rules lint               (the built-in rules)
-  loradoctor rules lint my-rules/
+exit codes: 0 a diagnosis was made, or the run finished without a failure; 1 nothing recognised;
+2 bad usage or unreadable input; 3 loradoctor itself failed.
 """
 
 
-def register(app: typer.Typer) -> None:
-    """Add `explain` and the `rules` group to the root app."""
-    from loradoctor.cli._args import mount
-
-    mount(app, "explain", EXPLAIN_HELP.split("\n\n")[0], build_parser, lambda opts: explain(**opts),
-          help_when_empty=True)
-    rules_app = typer.Typer(
-        name="rules", help=RULES_HELP, no_args_is_help=True, add_completion=False, rich_markup_mode=None
-    )
-    rules_app.command("list", help=RULES_LIST_HELP)(rules_list)
-    rules_app.command("show", help=RULES_SHOW_HELP, no_args_is_help=True)(rules_show)
-    rules_app.command("lint", help=RULES_LINT_HELP)(rules_lint)
-    app.add_typer(rules_app, name="rules")
-
-
-# ---------------------------------------------------------------------------- explain
-
-
-def build_parser():
-    """argparse for `loradoctor explain` (see loradoctor/cli/_args.py for why not typer options)."""
-    from loradoctor.cli._args import new_parser
+def build_parser(name: str = "explain"):
+    """argparse for `loradoctor explain`."""
+    from loradoctor.cli._args import format_option, new_parser
 
     def positive(text: str) -> int:
         try:
@@ -103,10 +52,11 @@ def build_parser():
             raise UserError(f"--top {text!r}: give a whole number of at least 1")
         return value
 
-    p = new_parser("explain", EXPLAIN_HELP)
+    p = new_parser(name, EXPLAIN_HELP, func=lambda opts: explain(**opts))
     p.add_argument("paths", nargs="+", metavar="FILE", help="log files, folders of logs, or - for stdin")
-    p.add_argument("-f", "--format", dest="fmt", default="text", metavar="FMT", help="text (default) | json | md")
-    p.add_argument("-v", "--verbose", action="store_true", help="show every finding in full")
+    format_option(p, FORMATS)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show every finding in full, with the ranking's working and the facts")
     p.add_argument("--rules", action="append", type=Path, default=[], metavar="DIR",
                    help="add a folder of your own rules (repeatable)")
     p.add_argument("--env", metavar="SNAPSHOT.json|live",
@@ -118,12 +68,15 @@ def build_parser():
 def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: List[Path] = (),
             env: Optional[str] = None, top: Optional[int] = None) -> int:
     """`loradoctor explain` with parsed options; returns the exit code."""
-    fmt = _check_format(fmt, FORMATS)
-    rule_dirs = [_check_rule_dir(d, "--rules") for d in rules]
+    from loradoctor.cli._args import check_format, check_rule_dir
+
+    fmt = check_format(fmt, FORMATS)
+    rule_dirs = [check_rule_dir(d, "--rules") for d in rules]
     snapshot = load_env_snapshot(env) if env else None
 
     from loradoctor.logs.engine import explain as run_explain
     from loradoctor.render import explain_view
+    from loradoctor.render.output import write_report
 
     progress = make_progress(paths)
     try:
@@ -136,14 +89,16 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
             progress.close()
 
     if fmt == "json":
-        _echo(explain_view.explain_json(report, top))
-    elif fmt == "md":
-        _echo(explain_view.explain_md(report, top))
-    else:
-        from loradoctor.render.terminal import console
+        from loradoctor.render.json import dumps
 
-        explain_view.print_explain(console(), report, verbose=verbose, top=top)
-    return 0 if explain_view.diagnoses(report.findings) else 1
+        write_report(dumps(report.to_dict(top)))
+    elif fmt == "md":
+        write_report(explain_view.explain_md(report, top, verbose=verbose), end="")
+    else:
+        from loradoctor.render.text import Painter
+
+        write_report(explain_view.explain_text(report, Painter.for_stdout(), verbose=verbose, top=top))
+    return report.exit_code()
 
 
 def load_env_snapshot(spec: str) -> dict[str, Any]:
@@ -222,96 +177,3 @@ def _size_on_disk(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0  # the reader reports unreadable input properly
-
-
-# ---------------------------------------------------------------------------- rules
-
-
-def rules_list(
-    fmt: str = typer.Option("text", "--format", "-f", help="text | json"),
-    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Also list a folder of your own rules."),
-) -> None:
-    fmt = _check_format(fmt, ("text", "json"))
-    from loradoctor.render import explain_view
-
-    loaded = _load_rules(rules)
-    if fmt == "json":
-        from loradoctor.render.json import dumps
-
-        _echo(dumps([explain_view.rule_summary(r) for r in loaded]))
-    else:
-        _echo(explain_view.rules_table(loaded))
-
-
-def rules_show(
-    rule_id: str = typer.Argument(..., metavar="ID", help="A rule id from `loradoctor rules list`."),
-    rules: List[Path] = typer.Option([], "--rules", metavar="DIR", help="Also search a folder of your own rules."),
-) -> None:
-    from loradoctor.render import explain_view
-
-    loaded = _load_rules(rules)
-    by_id = {r.id: r for r in loaded}
-    if rule_id not in by_id:
-        import difflib
-
-        close = difflib.get_close_matches(rule_id, list(by_id), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; `loradoctor rules list` shows them all"
-        raise UserError(f"no rule with id {rule_id!r}{hint}")
-    _echo(explain_view.rule_doc(by_id[rule_id]), end="")
-
-
-def rules_lint(
-    folder: Optional[Path] = typer.Argument(None, metavar="[DIR]", help="A rule folder (default: the built-in rules)."),
-) -> None:
-    from loradoctor.logs import rules as rules_mod
-
-    target = Path(rules_mod.builtin_rules_dir()) if folder is None else _check_rule_dir(folder, "rules lint")
-    problems = rules_mod.lint_rules(target)
-    if problems:
-        for p in problems:
-            _echo(str(p))
-        _echo(f"{len(problems)} problem(s) in {target}", err=True)
-        raise typer.Exit(1)
-    _echo(f"{_count_rules(Path(target))} rules OK ({target})")
-
-
-def _load_rules(extra: List[Path]) -> list:
-    from loradoctor.logs.rules import load_rules
-
-    dirs = [_check_rule_dir(d, "--rules") for d in extra]
-    return list(load_rules(extra_dirs=dirs))
-
-
-def _count_rules(folder: Path) -> int:
-    """Rules defined in a folder that lint passed (so every file parses)."""
-    import yaml
-
-    count = 0
-    for path in sorted(folder.glob("*.y*ml")):
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        count += len(data.get("rules") or []) if isinstance(data, dict) else 0
-    return count
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def _check_format(fmt: str, allowed: tuple) -> str:
-    value = fmt.strip().lower()
-    if value not in allowed:
-        raise UserError(f"--format {fmt!r}: use one of {', '.join(allowed)}")
-    return value
-
-
-def _check_rule_dir(path: Path, option: str) -> str:
-    if not path.exists():
-        raise UserError(f"{option} {path}: no such folder")
-    if not path.is_dir():
-        raise UserError(f"{option} {path}: not a folder (give the folder that holds your rule .yaml files)")
-    return str(path)
-
-
-def _echo(text: str, err: bool = False, end: str = "\n") -> None:
-    stream = sys.stderr if err else sys.stdout
-    stream.write(text + end)
-    stream.flush()

@@ -51,6 +51,10 @@ GROUP_NAMES = {
 }
 
 
+EXPLAIN_SCHEMA = "loradoctor.explain/1"
+DIAGNOSIS_SEVERITIES = ("error", "warning")
+
+
 @dataclass
 class ExplainReport:
     """What `explain` found. `findings` are ranked (rank 1 = most likely root cause)."""
@@ -62,10 +66,27 @@ class ExplainReport:
     rules_checked: int = 0
     elapsed_s: float = 0.0
 
-    def to_dict(self) -> dict:
+    def diagnoses(self) -> list[Finding]:
+        """Findings that count as a diagnosis (severity warning or error), best first."""
+        return [f for f in self.findings if f.severity in DIAGNOSIS_SEVERITIES]
+
+    @property
+    def finished(self) -> bool:
+        """The log shows the training finishing (the trainer's final summary) and no diagnosis."""
+        return not self.diagnoses() and bool(self.facts.get("metrics.train_finished"))
+
+    def exit_code(self) -> int:
+        """0 a diagnosis was made or the run finished cleanly; 1 nothing recognised."""
+        return 0 if self.diagnoses() or self.finished else 1
+
+    def to_dict(self, top: Optional[int] = None) -> dict:
+        """The one JSON document of explain (schema loradoctor.explain/1); `top` keeps the N best findings."""
+        shown = self.findings if top is None else self.findings[: max(0, top)]
         return {
+            "schema": EXPLAIN_SCHEMA,
+            "status": "diagnosed" if self.diagnoses() else "finished" if self.finished else "unrecognised",
             "inputs": self.inputs,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_dict() for f in shown],
             "unrecognised_tail": [{"file": e.file, "line": e.line, "text": e.text} for e in self.unrecognised_tail],
             "facts": {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in self.facts.items()},
             "rules_checked": self.rules_checked,

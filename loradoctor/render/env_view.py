@@ -264,7 +264,3 @@ def report_document(snapshot: dict, findings: list[Finding], schema: str) -> dic
 
     return {"schema": schema, "verdict": verdict(snapshot, findings), "snapshot": snapshot, "findings": findings_data(findings)}
 
-
-def exit_code(findings: list[Finding], strict: bool = False) -> int:
-    c = counts(findings)
-    return 1 if c["error"] or (strict and c["warning"]) else 0

@@ -1,36 +1,36 @@
-"""Views specific to `loradoctor explain` and `loradoctor rules`.
+"""Views of `loradoctor explain` and `loradoctor rules`: text, Markdown and JSON of an ExplainReport,
+and the rule library listings. Each returns a string; the command writes it (render.output).
 
-The findings themselves are drawn by the shared renderers (render/terminal.py, markdown.py,
-json.py); this module adds what only explain has: the one-line verdict, the inputs line, the
-"nothing recognised" tail, and the rule library listings.
+A finding's own layout is shared (render/text.py for text, render/markdown.py); this module adds what
+only explain has: the one-line verdict, the inputs line, and the tail for a log nothing recognised.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from loradoctor.findings import Evidence, Finding
-from loradoctor.render import json as json_render
 from loradoctor.render import markdown as md_render
-from loradoctor.render import terminal
+from loradoctor.render.text import Painter, evidence_lines, finding_lines, plural
 from loradoctor.units import format_bytes
 
-EXPLAIN_SCHEMA = "loradoctor.explain/1"
-DIAGNOSIS_SEVERITIES = ("error", "warning")
+if TYPE_CHECKING:  # the engine is imported only by the commands that run it (start-up)
+    from loradoctor.logs.engine import ExplainReport
+    from loradoctor.logs.rules import Rule
+
+RULES_HINT = ("If this is a real failure, a rule for it helps everyone: `loradoctor docs rules` says how to write "
+              "one, and `loradoctor explain --rules DIR` adds your own rules.")
 
 
-def diagnoses(findings: Iterable[Finding]) -> list[Finding]:
-    """Findings that count as a diagnosis (severity warning or error), best first."""
-    return [f for f in findings if f.severity in DIAGNOSIS_SEVERITIES]
-
-
-def verdict_line(findings: Sequence[Finding]) -> str:
-    """'Most likely: <title> (<cause>, confidence high)' or the plain 'nothing recognised' line."""
-    found = diagnoses(findings)
-    if not found:
-        return "Nothing recognised: no rule matched a known LoRA/QLoRA failure."
-    top = found[0]
-    return f"Most likely: {top.title} ({top.cause}, confidence {top.confidence_label})"
+def verdict_line(report: "ExplainReport") -> str:
+    """'Most likely: <title> (<cause>, confidence high)', the finished-run line, or 'nothing recognised'."""
+    found = report.diagnoses()
+    if found:
+        top = found[0]
+        return f"Most likely: {top.title} ({top.cause}, confidence {top.confidence_label})"
+    if report.finished:
+        return "The run finished without a failure: the trainer's end-of-training record (train_runtime) is there and no rule matched a failure."
+    return "Nothing recognised: no rule matched a known LoRA/QLoRA failure."
 
 
 def _input_label(inp: dict[str, Any]) -> str:
@@ -38,13 +38,13 @@ def _input_label(inp: dict[str, Any]) -> str:
     if inp.get("bytes") is not None:
         parts.append(format_bytes(inp["bytes"]))
     if inp.get("lines") is not None:
-        parts.append(f"{inp['lines']:,} lines")
+        parts.append(plural(int(inp["lines"]), "line"))
     if inp.get("compressed"):
         parts.append(str(inp["compressed"]) if isinstance(inp["compressed"], str) else "compressed")
     ranks = inp.get("ranks")
     if ranks:
         parts.append(("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks))
-    name = str(inp.get("path", "?"))
+    name = str(inp.get("path") or "stdin")
     return f"{name} ({', '.join(parts)})" if parts else name
 
 
@@ -57,9 +57,8 @@ def inputs_line(inputs: Sequence[dict[str, Any]], max_listed: int = 4) -> str:
     text = "; ".join(labels)
     if more > 0:
         total_lines = sum(int(i.get("lines") or 0) for i in inputs)
-        text += f"; and {more} more file(s) ({total_lines:,} lines in all)"
-    noun = "file" if len(inputs) == 1 else f"{len(inputs)} files"
-    return f"Read {noun}: {text}" if len(inputs) > 1 else f"Read {text}"
+        text += f"; and {plural(more, 'more file')} ({plural(total_lines, 'line')} in all)"
+    return f"Read {len(inputs)} files: {text}" if len(inputs) > 1 else f"Read {text}"
 
 
 def input_notes(inputs: Sequence[dict[str, Any]]) -> list[str]:
@@ -67,200 +66,137 @@ def input_notes(inputs: Sequence[dict[str, Any]]) -> list[str]:
     return [f"{i.get('path')}: {note}" for i in inputs for note in i.get("notes") or ()]
 
 
-def _input_dicts(inputs: Iterable[Any]) -> list[dict[str, Any]]:
-    """Inputs as plain dicts, whether the engine gives dicts or reader.Input objects."""
-    return [i.to_dict() if hasattr(i, "to_dict") else dict(i) for i in inputs]
-
-
 def _limit(findings: Sequence[Finding], top: Optional[int]) -> list[Finding]:
     return list(findings) if top is None else list(findings)[: max(0, top)]
 
 
-# ---------------------------------------------------------------------------- terminal
+# ---------------------------------------------------------------------------- text
 
 
-def print_explain(con: Any, report: Any, verbose: bool = False, top: Optional[int] = None) -> None:
-    """The explain report on a terminal: verdict, inputs, the best diagnosis in full, the rest briefly."""
-    from rich.markup import escape
-
+def explain_text(report: "ExplainReport", painter: Painter, verbose: bool = False, top: Optional[int] = None) -> str:
+    """The explain report as text: verdict, inputs, the best diagnosis in full, the rest briefly."""
+    p = painter
     findings = list(report.findings)
-    found = diagnoses(findings)
-    con.print(f"[bold]{escape(verdict_line(findings))}[/]")
-    con.print(f"[dim]{escape(inputs_line(_input_dicts(report.inputs)))}[/]")
-    for note in input_notes(_input_dicts(report.inputs)):
-        con.print(f"[yellow]Note:[/] {escape(note)}")
-    con.print()
+    found = report.diagnoses()
+    out = p.para(verdict_line(report), style=("bold",), hang=2)
+    out += p.para(inputs_line(report.inputs), style=("dim",), hang=2)
+    for note in input_notes(report.inputs):
+        out += p.para(f"Note: {note}", style=("yellow",), hang=2)
+    out.append("")
 
     if not found:
-        _print_unrecognised(con, report.unrecognised_tail)
+        if not report.finished:
+            out += _unrecognised_lines(p, report.unrecognised_tail)
         notes = _limit(findings, top)
         if notes:
-            con.print("[dim]Notes (informational, not a diagnosis):[/]")
+            out.append(p.style("Notes (informational, not a diagnosis):", "dim"))
             for f in notes:
-                terminal.print_finding(con, f, brief=not verbose)
-        return
+                out += finding_lines(p, f, brief=not verbose, verbose=verbose)
+        return "\n".join(out).rstrip("\n")
 
     shown = _limit(findings, top)
     best = found[0]
     briefly = 0
     for f in shown:
         full = verbose or f is best
-        terminal.print_finding(con, f, brief=not full)
+        out += finding_lines(p, f, brief=not full, verbose=verbose)
         if full:
-            con.print()
+            out.append("")
         else:
             briefly += 1
     hidden = len(findings) - len(shown)
     if briefly and not verbose:
-        con.print(f"[dim]{briefly} more finding(s) shown briefly; -v shows all evidence and fixes.[/]")
+        out += p.para(f"{plural(briefly, 'more finding')} shown briefly; -v shows all evidence and fixes.",
+                      style=("dim",))
     if hidden > 0:
-        con.print(f"[dim]{hidden} lower-ranked finding(s) not shown (--top {top}); drop --top to see them.[/]")
+        out += p.para(f"{plural(hidden, 'lower-ranked finding')} not shown (--top {top}); drop --top to see them.",
+                      style=("dim",))
+    return "\n".join(out).rstrip("\n")
 
 
-def _print_unrecognised(con: Any, tail: Sequence[Evidence]) -> None:
-    from rich.markup import escape
-
+def _unrecognised_lines(p: Painter, tail: Sequence[Evidence]) -> list[str]:
+    out: list[str] = []
     if tail:
-        con.print("Last error-looking lines:")
+        out.append("Last error-looking lines:")
         for e in tail:
-            con.print(f"   [dim]{escape(e.where())}[/] {escape(e.text)}")
-        con.print()
+            out += evidence_lines(p, e.where(), e.text)
     else:
-        con.print("No error-looking lines either: the log may be cut off before the failure.")
-        con.print()
-    con.print(
-        "[dim]If this is a real failure, a rule for it helps everyone: see docs/rules.md; "
-        "`loradoctor explain --rules DIR` adds your own rules.[/]"
-    )
+        out.append("No error-looking lines either: the log may be cut off before the failure.")
+    out.append("")
+    out += p.para(RULES_HINT, style=("dim",))
+    return out
 
 
 # ---------------------------------------------------------------------------- JSON / Markdown
 
 
-def explain_document(report: Any, top: Optional[int] = None) -> dict[str, Any]:
-    """The JSON contract: exactly schema, inputs, findings (ranked best first)."""
-    return {
-        "schema": EXPLAIN_SCHEMA,
-        "inputs": _input_dicts(report.inputs),
-        "findings": json_render.findings_data(_limit(report.findings, top)),
-    }
-
-
-def explain_json(report: Any, top: Optional[int] = None) -> str:
-    return json_render.dumps(explain_document(report, top))
-
-
-def explain_md(report: Any, top: Optional[int] = None) -> str:
+def explain_md(report: "ExplainReport", top: Optional[int] = None, verbose: bool = False) -> str:
     """A report ready to paste into an issue."""
     findings = _limit(report.findings, top)
-    pre = [f"**{verdict_line(report.findings)}**", ""]
+    pre = [f"**{verdict_line(report)}**", ""]
     pre.append("Inputs:")
     pre.append("")
-    pre += [f"- `{_input_label(i).replace(chr(96), chr(39))}`" for i in _input_dicts(report.inputs)] or ["- (none)"]
-    notes = input_notes(_input_dicts(report.inputs))
+    pre += [f"- `{_input_label(i).replace(chr(96), chr(39))}`" for i in report.inputs] or ["- (none)"]
+    notes = input_notes(report.inputs)
     if notes:
         pre += [""] + [f"Note: {n}" for n in notes]
-    if not diagnoses(report.findings):
+    if not report.diagnoses() and not report.finished:
         pre += ["", "Last error-looking lines:", "", "```"]
         pre += [f"{e.where()}: {e.text}" for e in report.unrecognised_tail] or ["(none)"]
         pre += ["```"]
-    return md_render.findings_md(findings, "loradoctor explain", preamble="\n".join(pre))
+    return md_render.findings_md(findings, "loradoctor explain", preamble="\n".join(pre), verbose=verbose)
 
 
 # ---------------------------------------------------------------------------- rules
 
 
-def _attr(rule: Any, name: str, default: Any = None) -> Any:
-    value = getattr(rule, name, default)
-    return default if value is None else value
-
-
-def _fix_parts(fix: Any) -> tuple[str, Optional[str]]:
-    if isinstance(fix, dict):
-        return str(fix.get("text", "")), fix.get("command")
-    if isinstance(fix, str):
-        return fix, None
-    return str(getattr(fix, "text", fix)), getattr(fix, "command", None)
-
-
-def _confidence_text(value: Any) -> str:
-    from loradoctor.findings import confidence_label, confidence_value
-
-    try:
-        number = confidence_value(value)
-    except (TypeError, ValueError):
-        return str(value)
-    return f"{confidence_label(number)} ({number:.2f})"
-
-
-def rule_summary(rule: Any) -> dict[str, Any]:
-    """One rule as plain data for `rules list --format json`."""
-    return {
-        "id": rule.id,
-        "cause": rule.cause,
-        "severity": rule.severity,
-        "confidence": _attr(rule, "confidence"),
-        "title": rule.title,
-        "repro": _attr(rule, "repro"),
-        "generic": bool(_attr(rule, "generic", False)),
-        "source": str(_attr(rule, "source", "") or _attr(rule, "path", "") or "") or None,
-    }
-
-
-def rules_table(rules: Sequence[Any]) -> str:
+def rules_table(rules: Sequence["Rule"]) -> str:
     """Plain aligned columns (grep-friendly): id, cause, severity, title."""
     rows = [("ID", "CAUSE", "SEVERITY", "TITLE")] + [(r.id, r.cause, r.severity, r.title) for r in rules]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     w2 = max(len(r[2]) for r in rows)
     lines = [f"{a:<{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows]
-    lines.append(f"{len(rules)} rules")
+    lines.append(plural(len(rules), "rule"))
     return "\n".join(lines)
 
 
-def rule_doc(rule: Any) -> str:
+def rule_doc(rule: "Rule") -> str:
     """Everything a person needs to understand one rule (`loradoctor rules show ID`)."""
+    from loradoctor.findings import confidence_label
+
     out = [f"{rule.id}: {rule.title}", ""]
     out.append(f"cause       {rule.cause}")
     out.append(f"severity    {rule.severity}")
-    out.append(f"confidence  {_confidence_text(_attr(rule, 'confidence', '?'))}")
-    if _attr(rule, "generic", False):
+    out.append(f"confidence  {confidence_label(rule.confidence)} ({rule.confidence:.2f})")
+    if rule.generic:
         out.append("generic     yes (a catch-all: never ranked first over a specific finding)")
-    source = _attr(rule, "source", None) or _attr(rule, "path", None)
-    if source:
-        out.append(f"defined in  {_relative(str(source))}")
-    docs = str(_attr(rule, "docs", "") or "").strip()
+    if rule.source:
+        out.append(f"defined in  {_relative(rule.source)}")
+    docs = rule.docs.strip()
     out += ["", "What it means:", _indent(docs or "(no docs written for this rule)")]
-    patterns = list(_attr(rule, "patterns", []) or [])
     out += ["", "Patterns (a line matching any one is a hit):"]
-    out += [f"  {p}" for p in patterns] or ["  (none: fires on its condition alone)"]
-    for label, name in (("Also required somewhere in the input", "require_all"), ("Silent if any of these match", "exclude")):
-        values = list(_attr(rule, name, []) or [])
+    out += [f"  {p}" for p in rule.patterns] or ["  (none: fires on its condition alone)"]
+    for label, values in (("Also required somewhere in the input", rule.require_all),
+                          ("Silent if any of these match", rule.exclude)):
         if values:
             out += ["", f"{label}:"] + [f"  {v}" for v in values]
-    when = _attr(rule, "when", None)
-    if when:
-        out += ["", "Condition (when):", f"  {when}"]
-    consequence_of = list(_attr(rule, "consequence_of", []) or [])
-    if consequence_of:
-        out += ["", "A consequence of (ranked after): " + ", ".join(consequence_of)]
-    fixes = list(_attr(rule, "fixes", []) or [])
+    if rule.when:
+        out += ["", "Condition (when):", f"  {rule.when}"]
+    if rule.consequence_of:
+        out += ["", "A consequence of (ranked after): " + ", ".join(rule.consequence_of)]
     out += ["", "Fixes, in order:"]
-    for i, fix in enumerate(fixes, 1):
-        text, command = _fix_parts(fix)
-        out.append(f"  {i}. {text}")
-        if command:
-            out.append(f"       {command}")
-    if not fixes:
+    for i, fix in enumerate(rule.fixes, 1):
+        out.append(f"  {i}. {fix.text}")
+        if fix.command:
+            out += [f"       {line}" for line in fix.command.splitlines()]
+    if not rule.fixes:
         out.append("  (none)")
-    repro = _attr(rule, "repro", None)
-    out += ["", "Confirm on this machine: " + (f"loradoctor repro run {repro}" if repro else "(no repro test)")]
-    falsepositives = str(_attr(rule, "falsepositives", "") or "").strip()
-    if falsepositives:
-        out += ["", "False positives:", _indent(falsepositives)]
-    references = list(_attr(rule, "references", []) or [])
-    if references:
-        out += ["", "References:"] + [f"  {r}" for r in references]
+    out += ["", "Confirm on this machine: " + (f"loradoctor repro run {rule.repro}" if rule.repro else "(no repro test)")]
+    if rule.falsepositives.strip():
+        out += ["", "False positives:", _indent(rule.falsepositives.strip())]
+    if rule.references:
+        out += ["", "References:"] + [f"  {r}" for r in rule.references]
     return "\n".join(out) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""JSON output: a schema tag plus plain data. Findings are serialised with Finding.to_dict."""
+"""JSON output: a schema tag plus plain data. Each report serialises itself (ExplainReport.to_dict,
+Finding.to_dict, ...); this module only writes the result."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ def dumps(document: dict[str, Any]) -> str:
 
 
 def _default(obj: Any) -> Any:
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
+    # documents are plain data (each report serialises itself: to_dict); only sets need a hand
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__}")

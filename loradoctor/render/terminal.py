@@ -1,9 +1,10 @@
-"""Terminal output with rich: colour on a TTY, plain text when piped. rich is imported lazily."""
+"""Terminal output with rich for the env and estimate views: colour on a TTY, plain text when piped.
+rich is imported lazily. The layout of a finding is render/text.py's, painted here through rich."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from typing import Any
 
 from loradoctor.findings import Finding
 
@@ -17,32 +18,14 @@ def console(stderr: bool = False) -> Any:
 
 
 def print_finding(con: Any, f: Finding, brief: bool = False) -> None:
-    from rich.markup import escape
+    """One finding through a rich console, laid out by render/text.py (the one text layout of a finding)."""
+    from rich.text import Text
 
-    style = SEVERITY_STYLE.get(f.severity, "")
-    head = f"[{style}]{f.rank or '-'}. {f.severity.upper()}[/] [bold]{escape(f.title)}[/]"
-    con.print(head)
-    con.print(
-        f"   cause [bold]{f.cause}[/] · rule {f.rule} · confidence {f.confidence_label} ({f.confidence:.2f})",
-        style="dim" if brief else None,
-    )
-    if f.summary:
-        con.print("   " + escape(f.summary))
-    if brief:
-        return
-    if f.why_rank:
-        con.print("   [dim]why this rank:[/] " + escape(f.why_rank))
-    for e in f.evidence[:8]:
-        con.print(f"   [dim]{escape(e.where())}[/] {escape(e.text)}")
-    if len(f.evidence) > 8:
-        con.print(f"   [dim]... {len(f.evidence) - 8} more evidence lines (--format json shows all)[/]")
-    for i, fix in enumerate(f.fixes, 1):
-        line = f"   [green]fix {i}[/] {escape(fix.text)}"
-        if fix.command:
-            line += f"\n         [bold]{escape(fix.command)}[/]"
-        con.print(line)
-    if f.repro:
-        con.print(f"   [dim]confirm:[/] loradoctor repro run {f.repro}")
+    from loradoctor.render.text import Painter, finding_lines
+
+    painter = Painter(color=con.is_terminal and not con.no_color, width=con.width if con.is_terminal else None)
+    for line in finding_lines(painter, f, brief=brief):
+        con.print(Text.from_ansi(line), soft_wrap=True)
 
 
 def print_findings(con: Any, findings: Iterable[Finding], verbose: bool = False, top: int = 1) -> None:
@@ -58,3 +41,10 @@ def print_findings(con: Any, findings: Iterable[Finding], verbose: bool = False,
     if hidden > 0 and not verbose:
         more = "1 more finding" if hidden == 1 else f"{hidden} more findings"
         con.print(f"[dim]{more} shown briefly; -v shows all evidence and fixes.[/]")
+def captured(draw: Any, *args: Any, **kwargs: Any) -> str:
+    """What `draw(console, *args, **kwargs)` prints, as text (ANSI styles kept on a colour terminal), so that
+    the command can hand it to render.output.write_report."""
+    con = console()
+    with con.capture() as cap:
+        draw(con, *args, **kwargs)
+    return cap.get().rstrip("\n")

@@ -40,18 +40,31 @@ class ReproResult:
 
 
 def overall_status(results: Iterable[ReproResult]) -> str:
-    """FAIL if any failed, else ERROR if any errored, else PASS (SKIPs count as PASS: nothing wrong seen)."""
+    """FAIL if any failed, else ERROR if any errored, else SKIP if nothing ran (every repro skipped, or
+    none at all), else PASS (a skip beside a pass counts as nothing wrong seen)."""
     statuses = {r.status for r in results}
     if "FAIL" in statuses:
         return "FAIL"
     if "ERROR" in statuses:
         return "ERROR"
+    if statuses <= {"SKIP"}:
+        return "SKIP"
     return "PASS"
 
 
 def exit_code(results: Iterable[ReproResult]) -> int:
     """0 when everything is PASS or SKIP, 1 when anything FAILed or ERRORed."""
-    return 0 if overall_status(results) == "PASS" else 1
+    return 0 if overall_status(results) in ("PASS", "SKIP") else 1
+
+
+def verdict(status: str, kind: str) -> str:
+    """What a status means for a repro of this kind (catalog.KINDS): a check PASSes or FAILs; a problem
+    repro is CONFIRMED (FAIL: the problem reproduces) or NOT REPRODUCED (PASS); SKIPPED when it did not run."""
+    if status == "SKIP":
+        return "SKIPPED"
+    if kind == "problem":
+        return {"FAIL": "CONFIRMED", "PASS": "NOT REPRODUCED"}.get(status, status)
+    return status
 
 
 def run_document(results: list[ReproResult]) -> dict[str, Any]:

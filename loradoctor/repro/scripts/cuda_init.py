@@ -22,7 +22,7 @@ def nvidia_gpu_present():
             driver = driver.decode() if isinstance(driver, bytes) else driver
         finally:
             pynvml.nvmlShutdown()
-        return count > 0, f"NVML: {count} GPU(s), driver {driver}"
+        return count > 0, f"NVML: {count} GPU{'' if count == 1 else 's'}, driver {driver}"
     except Exception:
         pass
     if os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl"):
@@ -89,7 +89,7 @@ def main():
     if failures:
         emit("FAIL", failures[0], failures + evidence, numbers)
     names = ", ".join(d["name"] for d in numbers["devices"])
-    emit("PASS", f"CUDA works on {count} GPU(s) ({names}); a @ b matches the CPU", evidence, numbers)
+    emit("PASS", f"CUDA works on {count} GPU{'' if count == 1 else 's'} ({names}); a @ b matches the CPU", evidence, numbers)
 
 
 run_main(main)
