@@ -68,6 +68,8 @@ _register()
 
 
 def main() -> None:
+    from loradoctor import notes
+
     try:
         app()
     except UserError as exc:
@@ -78,3 +80,5 @@ def main() -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    finally:
+        notes.show(verbose=bool({"-v", "--verbose"} & set(sys.argv[1:])))
