@@ -68,8 +68,10 @@ _register()
 
 
 def main() -> None:
-    from loradoctor import notes
+    from loradoctor import notes, redact
 
+    # the one output hook: --format md (or --redact) sends every report line through loradoctor.redact
+    sys.argv[1:] = redact.install(sys.argv[1:])
     try:
         app()
     except UserError as exc:
@@ -81,4 +83,5 @@ def main() -> None:
     except BrokenPipeError:
         sys.exit(0)
     finally:
+        redact.uninstall()
         notes.show(verbose=bool({"-v", "--verbose"} & set(sys.argv[1:])))

@@ -25,8 +25,14 @@ class Parser(argparse.ArgumentParser):
 
 def new_parser(name: str, description: str, epilog: str = "") -> Parser:
     """An empty parser for `loradoctor NAME`; the description and epilog keep their line breaks."""
-    return Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Listed here for --help; the CLI's main takes them off the command line first (loradoctor.redact.install).
+    parser.add_argument("--redact", action="store_true", default=argparse.SUPPRESS,
+                        help="replace secrets, e-mails, IPs, host and user names in the report (on for --format md)")
+    parser.add_argument("--no-redact", action="store_true", default=argparse.SUPPRESS,
+                        help="print the report as it is, even with --format md")
+    return parser
 
 
 def mount(app: typer.Typer, name: str, summary: str, make_parser: Callable[[], argparse.ArgumentParser],
@@ -42,5 +48,8 @@ def mount(app: typer.Typer, name: str, summary: str, make_parser: Callable[[], a
         if help_when_empty and not ctx.args:
             parser.print_help()
             raise typer.Exit(2)
-        code = body(vars(parser.parse_args(list(ctx.args))))
+        options = vars(parser.parse_args(list(ctx.args)))
+        options.pop("redact", None)
+        options.pop("no_redact", None)
+        code = body(options)
         raise typer.Exit(code or 0)
