@@ -586,7 +586,7 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
         m = _RANK_PREFIX_RE.match(text)
         if m:
             value = m.group(1) or m.group(2) or m.group(3)
-            rank = int(value)
+            rank = int(value) if len(value) <= 7 else None  # 5,000 digits: not a rank (and int() refuses it)
             text = text[m.end():]
             continue
         m = _SOURCE_PREFIX_RE.match(text)
