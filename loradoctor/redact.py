@@ -69,7 +69,10 @@ def _setting(m: "re.Match[str]") -> str:
 
 def _ipv4(m: "re.Match[str]") -> str:
     text = m.group(0)
-    return text if text.startswith(("127.", "0.")) else "<ip>"
+    before = m.string[max(0, m.start() - 9):m.start()].lower()
+    if text.startswith(("127.", "0.")) or before.endswith(("==", "version ", "version: ", "v")):
+        return text  # loopback, or a four-part version (nvidia-cudnn-cu12==9.1.0.70)
+    return "<ip>"
 
 
 def _ipv6(m: "re.Match[str]") -> str:

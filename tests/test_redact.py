@@ -81,6 +81,7 @@ def test_each_kind_is_redacted_with_its_shape_kept():
     "pad_token: <pad> eos_token = </s> max_new_tokens=512 pad_token_id: 0",
     "torch.nn.functional model.safetensors config.json c10::Error 4.46.0.dev0 at 12:34:56",
     "driver 535.104.05, CUDA 12.4, localhost 127.0.0.1 ::1, basic configuration, token count 1000",
+    "nvidia-cudnn-cu12==9.1.0.70 nvidia-cublas-cu12==12.4.5.8, cuDNN version 9.1.0.70",
     "pip install torch --index-url https://download.pytorch.org/whl/cu124 (huggingface.co/meta-llama/Llama-3.1-8B)",
 ])
 def test_ordinary_log_text_is_left_alone(text):
