@@ -114,7 +114,7 @@ def build_parser():
     p.add_argument("--top", type=positive, metavar="N", help="show only the N best findings")
     p.add_argument("--max-decompressed", metavar="SIZE",
                    help="read compressed logs up to SIZE decompressed (default 1GiB, and at most 100x the "
-                        "file's size past 32 MiB: a compression bomb); 0 lifts the limit")
+                        "file's size past 16 MiB: a compression bomb); 0 lifts the limit")
     return p
 
 

@@ -39,7 +39,7 @@ SNIFF_BYTES = 64 << 10
 MAX_DECOMPRESSED_BYTES = 1 << 30
 # ...and past BOMB_RATIO times its own size once above BOMB_FLOOR_BYTES (real logs compress 5-50x).
 BOMB_RATIO = 100
-BOMB_FLOOR_BYTES = 32 << 20
+BOMB_FLOOR_BYTES = 16 << 20
 _limits = {"max": MAX_DECOMPRESSED_BYTES, "ratio": True}
 # What a read error can be: OSError (BadGzipFile included), EOFError (truncated), and the codecs' own.
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
@@ -242,6 +242,9 @@ class _PrefixedStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def close_source(self) -> None:
+        self._rest.close()
+
     def readinto(self, buffer) -> int:  # type: ignore[override]
         if self._head:
             n = min(len(buffer), len(self._head))
@@ -268,7 +271,13 @@ def _wrap_decompress(raw: BinaryIO, kind: Optional[str]) -> BinaryIO:
 def open_input(item: Input) -> BinaryIO:
     """A binary stream of the decompressed content of an input."""
     if item.source is not None:
-        return _open_decompressed(item.source, item.compressed)
+        if not item.compressed:
+            return _open_decompressed(item.source, None)
+        # compressed: count what is read from disk, so the bomb check compares like with like
+        raw_file = open(item.source, "rb")
+        counted = _PrefixedStream(b"", raw_file)
+        _STDIN_COUNTERS[id(item)] = counted
+        return _wrap_decompress(io.BufferedReader(counted, buffer_size=64 << 10), item.compressed)  # type: ignore[arg-type]
     stdin = sys.stdin.buffer
     head = stdin.read(8)
     item.compressed = sniff_compression(head)
@@ -279,7 +288,7 @@ def open_input(item: Input) -> BinaryIO:
     return stream
 
 
-_STDIN_COUNTERS: dict = {}
+_STDIN_COUNTERS: dict = {}  # id(Input) -> the stream counting the compressed bytes read (stdin or a file)
 
 
 def _check_decompressed(item: Input, total: int) -> None:
@@ -293,7 +302,7 @@ def _check_decompressed(item: Input, total: int) -> None:
     if not _limits["ratio"] or total <= BOMB_FLOOR_BYTES:
         return
     counter = _STDIN_COUNTERS.get(id(item))
-    packed = counter.raw_bytes if counter is not None else item.bytes
+    packed = counter.raw_bytes if counter is not None else item.bytes  # read so far: a bomb shows at once
     if packed and total > BOMB_RATIO * packed:
         raise UserError(f"{item.path}: decompresses to more than {BOMB_RATIO} times its size ({format_bytes(total)} "
                         f"from {format_bytes(packed)} so far): a compression bomb? --max-decompressed 8GiB reads it "
@@ -529,9 +538,11 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                 yield buf[: cut + 1]
                 rest = buf[cut + 1:]
     finally:
-        _STDIN_COUNTERS.pop(id(item), None)
+        counter = _STDIN_COUNTERS.pop(id(item), None)
         if item.source is not None:
             stream.close()
+            if counter is not None:
+                counter.close_source()
         else:
             item.bytes = read_bytes
 
