@@ -41,7 +41,7 @@ STAGE_WHAT = {None: "while starting", "start": "while starting", "found": "durin
               "devices": "during the deep GPU test", "deep": "while finishing"}
 _HERE = Path(__file__).resolve().parent
 _LIVE: "set[Child]" = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()  # re-entrant: the SIGINT handler may run while the main thread holds it
 
 
 def source(script: str) -> str:
