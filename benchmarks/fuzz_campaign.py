@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import bz2
 import gzip
-import json
 import lzma
 import os
 import pickle

@@ -6,7 +6,6 @@ off; redaction stays linear on long adversarial lines."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
