@@ -88,7 +88,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run loradoctor with `argv` (default sys.argv[1:]); returns the exit code (the console script exits with it)."""
     from loradoctor.errors import UserError, one_line
 
+    from loradoctor import notes, redact
+
     args = list(sys.argv[1:] if argv is None else argv)
+    # the one output hook: --format md (or --redact) sends every report line through loradoctor.redact
+    args = redact.install(args)
     try:
         return _dispatch(args)
     except UserError as exc:
@@ -109,6 +113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(report_crash(exc, args), file=sys.stderr)
         return 3
+    finally:
+        redact.uninstall()
+        notes.show(verbose=bool({"-v", "--verbose"} & set(args)))
 
 
 def _dispatch(args: list[str]) -> int:

@@ -28,6 +28,11 @@ def new_parser(name: str, description: str, epilog: str = "",
     """An empty parser for `loradoctor NAME`; the description and epilog keep their line breaks."""
     p = Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Listed here for --help; main() takes them off the command line first (loradoctor.redact.install).
+    p.add_argument("--redact", action="store_true", default=argparse.SUPPRESS,
+                   help="replace secrets, e-mails, IPs, host and user names in the report (on for --format md)")
+    p.add_argument("--no-redact", action="store_true", default=argparse.SUPPRESS,
+                   help="print the report as it is, even with --format md")
     if func is not None:
         p.set_defaults(func=func)
     return p

@@ -62,15 +62,26 @@ def build_parser(name: str = "explain"):
     p.add_argument("--env", metavar="SNAPSHOT.json|live",
                    help="machine facts: a saved `loradoctor env --format json` file, or 'live' to check this machine now")
     p.add_argument("--top", type=positive, metavar="N", help="show only the N best findings")
+    p.add_argument("--max-decompressed", metavar="SIZE",
+                   help="read compressed logs up to SIZE decompressed (default 1GiB, and at most 100x the "
+                        "file's size past 16 MiB: a compression bomb); 0 lifts the limit")
     return p
 
 
 def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: List[Path] = (),
-            env: Optional[str] = None, top: Optional[int] = None) -> int:
+            env: Optional[str] = None, top: Optional[int] = None, max_decompressed: Optional[str] = None) -> int:
     """`loradoctor explain` with parsed options; returns the exit code."""
     from loradoctor.cli._args import check_format, check_rule_dir
 
     fmt = check_format(fmt, FORMATS)
+    if max_decompressed is not None:
+        from loradoctor.logs import reader
+        from loradoctor.units import parse_size
+
+        try:
+            reader.set_decompressed_limit(parse_size(max_decompressed))
+        except (ValueError, OverflowError):
+            raise UserError(f"--max-decompressed {max_decompressed!r}: give a size such as 4GiB (0: no limit)") from None
     rule_dirs = [check_rule_dir(d, "--rules") for d in rules]
     snapshot = load_env_snapshot(env) if env else None
 

@@ -22,16 +22,34 @@ import lzma
 import os
 import re
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional
 
+from loradoctor import notes
 from loradoctor.errors import UserError
 
 BLOCK_BYTES = 8 << 20  # 8 MiB blocks: large enough to amortise Python overhead, small for RSS
 MAX_LINE_CHARS = 8192  # longer lines are truncated (around the interesting part)
 EVIDENCE_CHARS = 400  # how much of the original line a piece of evidence quotes
 SNIFF_BYTES = 64 << 10
+# Compressed input is refused past either limit (a compression bomb: 4 GiB of gzip took 212 s).
+# `explain --max-decompressed SIZE` sets the first and lifts the second (set_decompressed_limit).
+MAX_DECOMPRESSED_BYTES = 1 << 30
+# ...and past BOMB_RATIO times its own size once above BOMB_FLOOR_BYTES (real logs compress 5-50x).
+BOMB_RATIO = 100
+BOMB_FLOOR_BYTES = 16 << 20
+_limits = {"max": MAX_DECOMPRESSED_BYTES, "ratio": True}
+# What a read error can be: OSError (BadGzipFile included), EOFError (truncated), and the codecs' own.
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+
+
+def set_decompressed_limit(max_bytes: Optional[int]) -> None:
+    """Read compressed input up to `max_bytes` decompressed (0: no limit), with no ratio check;
+    None restores the defaults."""
+    _limits["max"] = MAX_DECOMPRESSED_BYTES if max_bytes is None else max_bytes
+    _limits["ratio"] = max_bytes is None
 
 # Extensions of files we read when a folder is given; compressed variants are added below.
 LOG_SUFFIXES = {".log", ".txt", ".out", ".err", ".stdout", ".stderr", ".trace", ""}
@@ -150,8 +168,10 @@ def _check_file(path: Path, shown: str, explicit: bool) -> Optional[Input]:
             head = fh.read(SNIFF_BYTES)
     except PermissionError:
         raise UserError(f"{shown}: permission denied") from None
-    except (OSError, EOFError, lzma.LZMAError) as exc:
+    except READ_ERRORS as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        if kind and not isinstance(exc, PermissionError):
+            reason += f"; a truncated or corrupt {kind} file?"
         raise UserError(f"{shown}: cannot read ({reason})") from None
     if looks_binary(head):
         if explicit:
@@ -178,16 +198,28 @@ def resolve_inputs(paths: list[str]) -> list[Input]:
         if not path.exists():
             raise UserError(f"{given}: no such file or directory")
         if path.is_dir():
-            found = []
-            for root, dirs, files in os.walk(path):
+            found, skipped = [], []
+
+            def unreadable(exc: OSError) -> None:
+                skipped.append(f"{exc.filename}: folder not read ({exc.strerror or exc})")
+
+            for root, dirs, files in os.walk(path, onerror=unreadable):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 for name in sorted(files):
                     child = Path(root) / name
                     if _is_log_name(child) and child.is_file():
-                        item = _check_file(child, str(child), explicit=False)
+                        try:
+                            item = _check_file(child, str(child), explicit=False)
+                        except UserError as exc:  # one unreadable file does not hide the others
+                            skipped.append(f"{exc}; skipped")
+                            continue
                         if item is not None:
                             found.append(item)
+            for line in skipped:
+                notes.add(line, level="warning")
             if not found:
+                if skipped:
+                    raise UserError(f"{given}: folder holds no readable log files ({len(skipped)} could not be read)")
                 raise UserError(f"{given}: folder holds no log files (.log, .txt, .out, .err, or .gz/.bz2/.xz of those)")
             inputs.extend(found)
         elif path.is_file():
@@ -208,9 +240,13 @@ class _PrefixedStream(io.RawIOBase):
     def __init__(self, head: bytes, rest: BinaryIO):
         self._head = head
         self._rest = rest
+        self.raw_bytes = len(head)  # read from the source so far (the compressed size, for stdin)
 
     def readable(self) -> bool:
         return True
+
+    def close_source(self) -> None:
+        self._rest.close()
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
         if self._head:
@@ -220,6 +256,7 @@ class _PrefixedStream(io.RawIOBase):
             return n
         data = self._rest.read(len(buffer))
         n = len(data)
+        self.raw_bytes += n
         buffer[:n] = data
         return n
 
@@ -237,12 +274,42 @@ def _wrap_decompress(raw: BinaryIO, kind: Optional[str]) -> BinaryIO:
 def open_input(item: Input) -> BinaryIO:
     """A binary stream of the decompressed content of an input."""
     if item.source is not None:
-        return _open_decompressed(item.source, item.compressed)
+        if not item.compressed:
+            return _open_decompressed(item.source, None)
+        # compressed: count what is read from disk, so the bomb check compares like with like
+        raw_file = open(item.source, "rb")
+        counted = _PrefixedStream(b"", raw_file)
+        _STDIN_COUNTERS[id(item)] = counted
+        return _wrap_decompress(io.BufferedReader(counted, buffer_size=64 << 10), item.compressed)  # type: ignore[arg-type]
     stdin = sys.stdin.buffer
     head = stdin.read(8)
     item.compressed = sniff_compression(head)
-    raw = io.BufferedReader(_PrefixedStream(head, stdin), buffer_size=1 << 20)  # type: ignore[arg-type]
-    return _wrap_decompress(raw, item.compressed)  # type: ignore[arg-type]
+    prefixed = _PrefixedStream(head, stdin)
+    raw = io.BufferedReader(prefixed, buffer_size=1 << 20)  # type: ignore[arg-type]
+    stream = _wrap_decompress(raw, item.compressed)  # type: ignore[arg-type]
+    _STDIN_COUNTERS[id(item)] = prefixed
+    return stream
+
+
+_STDIN_COUNTERS: dict = {}  # id(Input) -> the stream counting the compressed bytes read (stdin or a file)
+
+
+def _check_decompressed(item: Input, total: int) -> None:
+    """UserError when a compressed input has decompressed past the limits (module constants)."""
+    from loradoctor.units import format_bytes
+
+    limit = _limits["max"]
+    if limit and total > limit:
+        raise UserError(f"{item.path}: decompresses to more than {format_bytes(limit)}; stopped reading "
+                        f"(a compression bomb, or a very large log: --max-decompressed 8GiB raises the limit, 0 lifts it)")
+    if not _limits["ratio"] or total <= BOMB_FLOOR_BYTES:
+        return
+    counter = _STDIN_COUNTERS.get(id(item))
+    packed = counter.raw_bytes if counter is not None else item.bytes  # read so far: a bomb shows at once
+    if packed and total > BOMB_RATIO * packed:
+        raise UserError(f"{item.path}: decompresses to more than {BOMB_RATIO} times its size ({format_bytes(total)} "
+                        f"from {format_bytes(packed)} so far): a compression bomb? --max-decompressed 8GiB reads it "
+                        f"anyway, up to that size")
 
 
 PROBE_BYTES = 64 << 10  # how far past a block iter_blocks looks for the end of its last line
@@ -420,6 +487,7 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
     first = True
     rest = b""
     read_bytes = 0
+    decompressed = 0
     fileno = _plain_fileno(stream, item)
     try:
         while True:
@@ -432,8 +500,11 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                     nl = probe.find(b"\n")
                     size += nl + 1 if nl >= 0 else len(probe)
                 chunk = stream.read(size)
-            except (OSError, EOFError, lzma.LZMAError) as exc:
+            except READ_ERRORS as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
+            if item.compressed:
+                decompressed += len(chunk)
+                _check_decompressed(item, decompressed)
             if first:
                 first = False
                 if looks_binary(chunk[:SNIFF_BYTES]):
@@ -444,7 +515,10 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                 chunk = decoder.decode(chunk, final=not chunk).encode("utf-8")
             elif chunk and not rest and not chunk.endswith(b"\n"):
                 # finish the last line from the stream: one copy instead of cutting and re-joining
-                chunk += stream.readline(block_bytes)
+                try:
+                    chunk += stream.readline(block_bytes)
+                except READ_ERRORS as exc:
+                    raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
             if item.source is None:
                 read_bytes += len(chunk)
             if not chunk:
@@ -467,8 +541,11 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                 yield buf[: cut + 1]
                 rest = buf[cut + 1:]
     finally:
+        counter = _STDIN_COUNTERS.pop(id(item), None)
         if item.source is not None:
             stream.close()
+            if counter is not None:
+                counter.close_source()
         else:
             item.bytes = read_bytes
 
@@ -523,7 +600,7 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
         m = _RANK_PREFIX_RE.match(text)
         if m:
             value = m.group(1) or m.group(2) or m.group(3)
-            rank = int(value)
+            rank = int(value) if len(value) <= 7 else None  # 5,000 digits: not a rank (and int() refuses it)
             text = text[m.end():]
             continue
         m = _SOURCE_PREFIX_RE.match(text)

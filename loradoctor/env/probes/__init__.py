@@ -58,15 +58,77 @@ class _ThreadProbe:
 def _packages_in(python: str, timeout_s: float) -> dict[str, str]:
     """The packages probe run by another interpreter (its own site-packages)."""
     import json
-    import subprocess
-    from pathlib import Path
 
-    source = (Path(__file__).resolve().parent / "packages.py").read_text(encoding="utf-8")
-    res = subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=timeout_s)
-    if res.returncode != 0:
-        tail = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
-        raise RuntimeError(f"{python}: {tail}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    from loradoctor.env.probes import child
+
+    code, out, err, timed_out = child.run_capped([python, "-c", child.source("packages.py")], timeout_s)
+    if timed_out:
+        raise RuntimeError(f"{python}: no answer within {timeout_s:g} s")
+    if code != 0:
+        tail = (err.strip().splitlines() or [f"exit code {code}"])[-1]
+        raise RuntimeError(f"{python}: {tail[:300]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+class _StatusLine:
+    """On a terminal, one line on stderr redrawn while probes run: which one is awaited and for how long.
+    Nothing when stderr is not a terminal (piped, captured, CI)."""
+
+    def __init__(self, waiting: "list[tuple[str, Any]]") -> None:
+        self._waiting = waiting  # (label, object with running()) in the order they are awaited
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._drawn = False
+        self._thread: Optional[threading.Thread] = None
+        if _stderr_is_terminal():
+            self._thread = threading.Thread(target=self._run, name="env-status", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        import sys
+
+        while not self._stop.wait(0.5):
+            names = [label for label, probe in self._waiting if _is_running(probe)]
+            if not names:
+                continue
+            more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
+            text = f"loradoctor env: waiting for the {names[0]} probe{more}, {time.monotonic() - self._started:.0f} s"
+            try:
+                sys.stderr.write("\r\033[K" + text)
+                sys.stderr.flush()
+                self._drawn = True
+            except (OSError, ValueError):
+                return
+
+    def close(self) -> None:
+        import sys
+
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        if self._drawn:
+            try:
+                sys.stderr.write("\r\033[K")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def _stderr_is_terminal() -> bool:
+    import os
+    import sys
+
+    try:
+        return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
+
+
+def _is_running(probe: Any) -> bool:
+    try:
+        return bool(probe.running())
+    except Exception:  # noqa: BLE001 - the status line must never break a probe
+        return False
 
 
 def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] = None,
@@ -76,6 +138,20 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
     `python`: probe another interpreter (its torch, extensions and packages) instead of this one.
     `fresh`: run the child probes even when a healthy result for this install is remembered.
     """
+    from loradoctor.env.probes import child
+
+    if python is not None:
+        problem = child.interpreter_problem(python)
+        if problem is not None:
+            from loradoctor.errors import UserError
+
+            raise UserError(f"--python {python}: {problem}")
+    with child.reaping():  # SIGINT / SIGTERM kill the probe children and their descendants first
+        return _collect(deep, quick, timeout_s, python, fresh)
+
+
+def _collect(deep: bool, quick: bool, timeout_s: Optional[float], python: Optional[str],
+             fresh: bool) -> dict[str, Any]:
     from loradoctor.env.probes import child, envvars, nvidia, packages, remember, system
 
     child_timeout = timeout_s if timeout_s is not None else (QUICK_TIMEOUT_S if quick else DEFAULT_TIMEOUT_S)
@@ -106,6 +182,25 @@ def collect(deep: bool = False, quick: bool = False, timeout_s: Optional[float] 
         "packages": _ThreadProbe("packages", packages_fn, fast_timeout),
         "env_vars": _ThreadProbe("env_vars", envvars.probe, fast_timeout),
     }
+    awaited = [("torch", torch_child)] + [(k, probe) for k, (_, probe) in ext_children.items() if probe is not None]
+    awaited += [(name, _ThreadRunning(t)) for name, t in threads.items()]
+    status = _StatusLine(awaited)
+    try:
+        return _gather(threads, torch_child, ext_children, python, quick, started)
+    finally:
+        status.close()
+
+
+class _ThreadRunning:
+    def __init__(self, probe: _ThreadProbe) -> None:
+        self._probe = probe
+
+    def running(self) -> bool:
+        return self._probe.elapsed_s is None and time.monotonic() - self._probe._started < self._probe.timeout_s
+
+
+def _gather(threads: dict, torch_child: Any, ext_children: dict, python: Optional[str], quick: bool,
+            started: float) -> dict[str, Any]:
     snap: dict[str, Any] = {name: t.result() for name, t in threads.items()}
     times = {name: t.elapsed_s for name, t in threads.items()}
 

@@ -173,6 +173,10 @@ class CachedProbe:
         self._section = recall(key)
         self._child = start() if self._section is None else None
 
+    def running(self) -> bool:
+        """True while a child started for this probe has not ended (the env status line)."""
+        return self._section is None and self._child is not None and self._child.running()
+
     def result(self) -> dict[str, Any]:
         if self._section is None:
             self._section = self._child.result()
