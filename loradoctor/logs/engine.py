@@ -21,6 +21,7 @@ from loradoctor.findings import Evidence, Finding
 from loradoctor.logs import reader
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, is_errorish, parse_oom_message)
+from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.condition import _dotted
@@ -192,6 +193,35 @@ def _is_bar_bytes(raw: bytes) -> bool:
     return b"%|" in raw and reader.is_progress_bar(raw.decode("utf-8", "replace").strip())
 
 
+_RECASERS: dict[tuple, reader.Recaser] = {}
+
+
+def _extractor_patterns() -> list[str]:
+    """The regex sources of every extractor module (loradoctor/logs/facts/)."""
+    import importlib
+    import pkgutil
+
+    modules = [facts_mod] + [importlib.import_module(f"{facts_mod.__name__}.{info.name}")
+                             for info in pkgutil.iter_modules(getattr(facts_mod, "__path__", []))]
+    return [v.pattern if isinstance(v.pattern, str) else v.pattern.decode("latin-1")
+            for mod in modules for v in vars(mod).values() if isinstance(v, re.Pattern)]
+
+
+def recaser_for(rules: list[Rule]) -> reader.Recaser:
+    """The vocabulary of these rules and of the extractors (their regexes and trigger words), whose
+    case a lower-cased paste gets back; built once per rule set, on the first lower-cased input."""
+    key = tuple(r.id for r in rules)
+    found = _RECASERS.get(key)
+    if found is None:
+        patterns = [p for r in rules for p in (*r.patterns, *r.require_all)]
+        patterns += _extractor_patterns()
+        patterns += [re.escape(t) for t, ci in TRIGGER_LITERALS if not ci]
+        found = reader.Recaser(patterns, extra=reader.CASED_WORDS)
+        _RECASERS.clear()
+        _RECASERS[key] = found
+    return found
+
+
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
                 progress: Optional[Callable] = None) -> list[_RuleState]:
     """One pass over every input: feed candidate lines to the collector and the rules, and
@@ -209,7 +239,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         done = 0
         ends_with_newline = True
         sample = b""
-        for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES):
+        for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES,
+                                                          recaser=lambda: recaser_for(rules)):
             # joins: offsets where a hard-wrapped line was rejoined (a console copy); a physical line
             # starts at each, so line numbers add the joins before a line
             done += len(block)

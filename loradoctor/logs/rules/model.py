@@ -10,7 +10,7 @@ from typing import Optional
 from loradoctor.findings import Fix, confidence_value
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.condition import Condition, ConditionError
-from loradoctor.logs.rules.literals import _literals_for
+from loradoctor.logs.rules.literals import _literals_for, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
 
 @dataclass
@@ -62,7 +62,7 @@ class Rule:
 def _compile_regex(pattern: str):
     import regex
 
-    return regex.compile(pattern, regex.V0)
+    return regex.compile(paste_tolerant(pattern), regex.V0)
 
 
 class LazyRegexes:
