@@ -99,6 +99,10 @@ def print_explain(con: Any, report: Any, verbose: bool = False, top: Optional[in
     for f in shown:
         full = verbose or f is best
         terminal.print_finding(con, f, brief=not full)
+        if f is best and f.differential:
+            con.print("   [bold]could also be[/] (the differential):")
+            for line in differential_lines(f):
+                con.print(f"     {escape(line)}")
         if full:
             con.print()
         else:
@@ -108,6 +112,11 @@ def print_explain(con: Any, report: Any, verbose: bool = False, top: Optional[in
         con.print(f"[dim]{briefly} more finding(s) shown briefly; -v shows all evidence and fixes.[/]")
     if hidden > 0:
         con.print(f"[dim]{hidden} lower-ranked finding(s) not shown (--top {top}); drop --top to see them.[/]")
+
+
+def differential_lines(verdict: Finding) -> list[str]:
+    """One line per look-alike of the verdict: rank, cause, confidence, what tells them apart."""
+    return [f"#{d['rank']} {d['cause']} ({d['confidence_label']}): {d['tells_apart']}" for d in verdict.differential]
 
 
 def _print_unrecognised(con: Any, tail: Sequence[Evidence]) -> None:
@@ -150,7 +159,11 @@ def explain_md(report: Any, top: Optional[int] = None) -> str:
     pre.append("Inputs:")
     pre.append("")
     pre += [f"- `{_input_label(i).replace(chr(96), chr(39))}`" for i in _input_dicts(report.inputs)] or ["- (none)"]
-    if not diagnoses(report.findings):
+    found = diagnoses(report.findings)
+    if found and found[0].differential:
+        pre += ["", "Could also be (the differential):", ""]
+        pre += [f"- {line}" for line in differential_lines(found[0])]
+    if not found:
         pre += ["", "Last error-looking lines:", "", "```"]
         pre += [f"{e.where()}: {e.text}" for e in report.unrecognised_tail] or ["(none)"]
         pre += ["```"]
