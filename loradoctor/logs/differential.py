@@ -50,7 +50,7 @@ class Guess:
 
 @functools.lru_cache(maxsize=1)
 def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
-    """The alternatives per verdict cause and the guesses, compiled once."""
+    """The alternatives per verdict cause and the guesses, compiled once (titles: `cause_titles`)."""
     import yaml
 
     from loradoctor.logs.rules import Condition
@@ -70,8 +70,16 @@ def _entry(f: Finding, tells_apart: str) -> dict[str, Any]:
             "evidence": [{"file": e.file, "line": e.line, "text": e.text} for e in f.evidence[:2]]}
 
 
+@functools.lru_cache(maxsize=1)
+def cause_titles(path: Path = TABLE) -> dict[str, str]:
+    """A generic title per cause id (the table's `titles`)."""
+    import yaml
+
+    return dict(yaml.safe_load(path.read_text(encoding="utf-8")).get("titles") or {})
+
+
 def _title(cause: str, titles: dict[str, str]) -> str:
-    return titles.get(cause, cause)
+    return cause_titles().get(cause) or titles.get(cause, cause)
 
 
 def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any],
