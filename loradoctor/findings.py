@@ -73,6 +73,8 @@ class Finding:
     why_rank: str = ""
     consequence_of: Optional[str] = None  # rule id of the finding this one is a consequence of
     area: str = ""  # grouping for reports (env: "gpu", "torch", ...; logs: cause family)
+    # the verdict's look-alikes (explain): cause, confidence, rank, evidence, what tells them apart
+    differential: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -158,9 +158,9 @@ def test_a_missing_dll_is_still_a_broken_torch(tmp_path):
     ("ImportError: This modeling file requires the following packages that were not found in your environment: "
      "einops. Run `pip install einops`", "env.version_conflict"),
     ("ImportError: No bitsandbytes / bitsandbytesがインストールされていないようです", "env.bnb_broken"),
-    ("AssertionError: CUDA_HOME does not exist, unable to compile CUDA op(s)", "env.version_conflict"),
-    ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.", "env.version_conflict"),
-    ("torch._inductor.exc.InductorError: RuntimeError: Compiler: cl is not found.", "env.version_conflict"),
+    ("AssertionError: CUDA_HOME does not exist, unable to compile CUDA op(s)", "env.extension_build"),
+    ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.", "env.extension_build"),
+    ("torch._inductor.exc.InductorError: RuntimeError: Compiler: cl is not found.", "env.extension_build"),
     ("TypeError: Accelerator.unwrap_model() got an unexpected keyword argument 'keep_torch_compile'",
      "env.version_conflict"),
     ("TypeError: MyTrainer.compute_loss() got an unexpected keyword argument 'num_items_in_batch'",
@@ -352,13 +352,13 @@ def test_hwdist_round3_ecc_rank_outranks_the_other_ranks_timeouts(tmp_path):
     ("    optim_func = str2optimizer32bit[optimizer_name][0]\n"
      "AttributeError: 'NoneType' object has no attribute 'cpaged_adamw32bit_grad_fp32'\n", "env.bnb_broken"),
     ("subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.\n",
-     "env.version_conflict"),
+     "env.extension_build"),
     ("/usr/local/cuda-12.1/include/crt/host_config.h:143:2: error: #error -- unsupported GNU version! gcc versions "
-     "later than 12 are not supported!\n", "env.version_conflict"),
+     "later than 12 are not supported!\n", "env.extension_build"),
     ("ImportError: /root/.cache/torch_extensions/py311_cu121/fused_adam/fused_adam.so: cannot open shared object "
-     "file: No such file or directory\n", "env.version_conflict"),
+     "file: No such file or directory\n", "env.extension_build"),
     ("OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.\n",
-     "env.version_conflict"),
+     "env.extension_build"),
     ("ValueError: numpy.dtype size changed, may indicate binary incompatibility. Expected 96 from C header, "
      "got 88 from PyObject\n", "env.version_conflict"),
     ("TypeError: Descriptors cannot be created directly.\n", "env.version_conflict"),

@@ -25,7 +25,7 @@ def tiny_rules():
 
 
 def explain_tiny(tiny_rules, *paths, env=None):
-    return explain([str(p) for p in paths], rules=tiny_rules, env=env)
+    return explain([str(p) for p in paths], rules=tiny_rules, env=env, differential_on=False)
 
 
 # --- schema, causes, repro ids ----------------------------------------------------------------
@@ -318,8 +318,8 @@ def test_require_all_and_exclude(tmp_path):
     rules = load_rules([folder], include_builtin=False)
     one = write(tmp_path, "one.log", "CUDA out of memory.\n")
     two = write(tmp_path, "two.log", "Traceback (most recent call last):\nCUDA out of memory.\nexport X=expandable_segments:True\n")
-    assert [f.rule for f in explain([str(one)], rules=rules).findings] == ["silenced"]
-    assert [f.rule for f in explain([str(two)], rules=rules).findings] == ["needs-both"]
+    assert [f.rule for f in explain([str(one)], rules=rules, differential_on=False).findings] == ["silenced"]
+    assert [f.rule for f in explain([str(two)], rules=rules, differential_on=False).findings] == ["needs-both"]
 
 
 def test_progress_callback_and_report_dict(tmp_path, tiny_rules):
@@ -385,7 +385,7 @@ def test_rule_literal_inside_metric_dicts_still_matches(tmp_path):
     rules = load_rules([folder], include_builtin=False)
     lines = [f"{{'loss': 1.{i}, 'grad_norm': 0.3, 'learning_rate': 2e-05, 'mean_token_accuracy': 0.5, 'epoch': 0.1}}"
              for i in range(10)]
-    report = explain([str(write(tmp_path, "x.log", "\n".join(lines) + "\n"))], rules=rules)
+    report = explain([str(write(tmp_path, "x.log", "\n".join(lines) + "\n"))], rules=rules, differential_on=False)
     assert [f.rule for f in report.findings] == ["mean-acc"]
     assert report.facts["metrics.steps"] == 10
 
@@ -451,7 +451,7 @@ def test_why_rank_lists_only_held_numbered_parts(tmp_path):
             " and not (metrics.mem_growth_ratio >= 1.25) and (oom.phase == 'forward' or not defined(oom.phase))")
     (folder / "r.yaml").write_text("rules:\n" + GOOD_RULE.format(id="long-when") + f"    when: \"{when}\"\n")
     rules = load_rules([folder], include_builtin=False)
-    report = explain([str(write(tmp_path, "x.log", FRAG_OOM + "\n"))], rules=rules)
+    report = explain([str(write(tmp_path, "x.log", FRAG_OOM + "\n"))], rules=rules, differential_on=False)
     why = report.findings[0].why_rank
     assert why.count(";") == 4 and why.endswith("; …)")  # "the only finding; " + 3 parts + …
     assert "requested_bytes 4.40 GiB >= 0" in why and "total_bytes 79.10 GiB > 1.00 GiB" in why
@@ -468,8 +468,8 @@ def test_unrecognised_tail_kept_when_only_info_findings(tmp_path):
     trace = ("Traceback (most recent call last):\n  File \"/w/train.py\", line 9, in <module>\n"
              "KeyError: 'input_ids'\n")
     note = "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`.\n"
-    with_note = explain([str(write(tmp_path, "a.log", note + trace))], rules=rules)
-    without = explain([str(write(tmp_path, "b.log", trace))], rules=rules)
+    with_note = explain([str(write(tmp_path, "a.log", note + trace))], rules=rules, differential_on=False)
+    without = explain([str(write(tmp_path, "b.log", trace))], rules=rules, differential_on=False)
     assert [f.severity for f in with_note.findings] == ["info"] and without.findings == []
     assert [e.text for e in with_note.unrecognised_tail] == [e.text for e in without.unrecognised_tail]
     assert with_note.unrecognised_tail[-1].text == "KeyError: 'input_ids'"
@@ -540,7 +540,7 @@ def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     log = tmp_path / "a.log"
     log.write_text("ZZNOTE here\nstep 1\nZZCRASH here\n", encoding="utf-8")
     rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
-    findings = explain([str(log)], rules=rules).findings
+    findings = explain([str(log)], rules=rules, differential_on=False).findings
     assert [f.rule for f in findings] == ["t-crash", "t-note"]
     assert findings[0].consequence_of is None
     # the same note as an error is a root, and the crash is placed after it
@@ -548,7 +548,7 @@ def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     from loradoctor.logs.rules import load as R
     R._CACHE.clear()
     rules = [r for r in load_rules([str(folder)]) if r.id.startswith("t-")]
-    findings = explain([str(log)], rules=rules).findings
+    findings = explain([str(log)], rules=rules, differential_on=False).findings
     assert [f.rule for f in findings] == ["t-note", "t-crash"] and findings[1].consequence_of == "t-note"
 
 

@@ -20,7 +20,9 @@ from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
-                                   Facts, RawPosition, is_errorish)
+                                   Facts, RawPosition, is_errorish, parse_oom_message)
+from loradoctor.logs import differential
+from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.condition import _dotted
@@ -250,6 +252,35 @@ def _is_bar_bytes(raw: bytes) -> bool:
     return b"%|" in raw and reader.is_progress_bar(raw.decode("utf-8", "replace").strip())
 
 
+_RECASERS: dict[tuple, reader.Recaser] = {}
+
+
+def _extractor_patterns() -> list[str]:
+    """The regex sources of every extractor module (loradoctor/logs/facts/)."""
+    import importlib
+    import pkgutil
+
+    modules = [facts_mod] + [importlib.import_module(f"{facts_mod.__name__}.{info.name}")
+                             for info in pkgutil.iter_modules(getattr(facts_mod, "__path__", []))]
+    return [v.pattern if isinstance(v.pattern, str) else v.pattern.decode("latin-1")
+            for mod in modules for v in vars(mod).values() if isinstance(v, re.Pattern)]
+
+
+def recaser_for(rules: list[Rule]) -> reader.Recaser:
+    """The vocabulary of these rules and of the extractors (their regexes and trigger words), whose
+    case a lower-cased paste gets back; built once per rule set, on the first lower-cased input."""
+    key = tuple(r.id for r in rules)
+    found = _RECASERS.get(key)
+    if found is None:
+        patterns = [p for r in rules for p in (*r.patterns, *r.require_all)]
+        patterns += _extractor_patterns()
+        patterns += [re.escape(t) for t, ci in TRIGGER_LITERALS if not ci]
+        found = reader.Recaser(patterns, extra=reader.CASED_WORDS)
+        _RECASERS.clear()
+        _RECASERS[key] = found
+    return found
+
+
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
                 progress: Optional[Callable] = None) -> list[_RuleState]:
     """One pass over every input: feed candidate lines to the collector and the rules, and
@@ -268,7 +299,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         done = 0
         ends_with_newline = True
         sample = b""
-        for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES):
+        for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES,
+                                                          recaser=lambda: recaser_for(rules)):
             # joins: offsets where a hard-wrapped line was rejoined (a console copy); a physical line
             # starts at each, so line numbers add the joins before a line
             done += len(block)
@@ -769,13 +801,60 @@ def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # the entry point
 
+def _cause_titles(rules: list[Rule]) -> dict[str, str]:
+    """A title per cause: the first rule of that cause whose title has no placeholder."""
+    titles: dict[str, str] = {}
+    for rule in rules:
+        if "{" not in rule.title:
+            titles.setdefault(rule.cause, rule.title)
+    return titles
+
+
+def add_differential(findings: list[Finding], values: dict[str, Any], tail: list[Evidence],
+                     rules: list[Rule]) -> list[Finding]:
+    """The verdict's look-alikes (loradoctor/logs/differential.py) placed right after it and its
+    consequences, or, when nothing is a diagnosis but the last failure lines name a family, a labelled
+    guess and its alternatives first. Ranks, why_rank and the verdict's `differential` are set."""
+    verdict = next((f for f in findings if f.severity in ("error", "warning")), None)
+    titles = _cause_titles(rules)
+    if verdict is None:
+        if values.get("metrics.train_finished"):
+            return findings  # the run trained to the end: its error-looking lines did not stop it
+        alts = differential.guess(tail, titles)
+        if not alts:
+            return findings
+        verdict = alts[0][0]
+        verdict.why_rank = "a guess: no rule matched, but the last failure line names this family"
+        alts = alts[1:]
+        out = [verdict] + [f for f, _ in alts] + findings
+    else:
+        alts = differential.alternatives(verdict, (f.cause for f in findings), values, titles)
+        if not alts:
+            return findings
+        at = findings.index(verdict) + 1
+        while at < len(findings) and findings[at].consequence_of is not None:
+            at += 1  # the verdict's consequences stay right after it
+        out = findings[:at] + [f for f, _ in alts] + findings[at:]
+    for f, tells in alts:
+        f.why_rank = (f"a look-alike of #1 ({verdict.cause}), lower confidence; "
+                      f"what tells them apart: {tells}")
+    for i, f in enumerate(out, 1):
+        f.rank = i
+    if verdict.why_rank.startswith("the only finding"):
+        verdict.why_rank = "the only rule that fired (the look-alikes after it read the same lines another way)" + \
+            verdict.why_rank[len("the only finding"):]
+    verdict.differential = differential.differential_field(alts)
+    return out
+
+
 def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional[dict] = None,
             progress: Optional[Callable[[str, int, Optional[int]], None]] = None,
-            rules: Optional[list[Rule]] = None) -> ExplainReport:
+            rules: Optional[list[Rule]] = None, differential_on: bool = True) -> ExplainReport:
     """Explain crash logs: `paths` are files, folders or `-` (stdin). `env` is a snapshot dict
     (`loradoctor env --format json` -> "snapshot") whose facts count as evidence. `progress` is
     called after each block with (path, bytes done, total bytes or None). Raises UserError for
-    unreadable input or broken rules."""
+    unreadable input or broken rules. `differential_on=False` leaves out the look-alikes and the guess
+    (tests of the rules' own ranking)."""
     started = time.perf_counter()
     rules = load_rules(extra_rule_dirs) if rules is None else rules
     inputs = reader.resolve_inputs(list(paths))
@@ -799,6 +878,8 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     # use_cache one does not explain a `KeyError: 'input_ids'` traceback)
     diagnosed = any(f.severity in ("error", "warning") for f in findings)
     tail = list(collector.error_tail) if not diagnosed else []
+    if differential_on:
+        findings = add_differential(findings, values, tail, rules)
     return ExplainReport(inputs=[i.to_dict() for i in inputs], findings=findings, unrecognised_tail=tail,
                          facts=dict(values), rules_checked=len(rules),
                          elapsed_s=time.perf_counter() - started)

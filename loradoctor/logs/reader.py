@@ -25,7 +25,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional
+from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
 from loradoctor import notes
 from loradoctor.errors import UserError
@@ -90,6 +90,7 @@ class Input:
     index: int = 0
     wrap_width: Optional[int] = None  # hard-wrapped at this many columns (a console copy): lines rejoined
     notes: list = field(default_factory=list)  # what the engine skipped in this input (a rule past its time budget)
+    lowered: bool = False  # pasted lower-cased: the vocabulary's case was given back (Recaser)
 
     def to_dict(self) -> dict:
         ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
@@ -359,6 +360,121 @@ def straighten_quotes(block: bytes) -> bytes:
     return block
 
 
+# A message pasted from an issue title, a search snippet or a chat that lower-cased it
+# (`runtimeerror: expected all tensors to be on the same device`) matches no case-sensitive pattern.
+# Such an input (no upper-case ASCII letter in its first block) gets the case of the vocabulary the rules
+# and extractors are written in back: every phrase of their patterns that holds an upper-case letter, and
+# every such word that no pattern also writes in lower case (`GiB`, `OutOfMemoryError`; not `Error`, which
+# patterns write both ways: the phrases around it decide). Other text stays lower-case.
+def is_lowered(sample: bytes) -> bool:
+    """True when the sample has letters and none of them is upper-case (bytes.islower, in C)."""
+    return sample.islower()
+
+
+_ESCAPED_SPACE_RE = re.compile(r"\\s[+*]?|\\ | \+| \*| \?")
+_ESCAPE_RE = re.compile(r"\\([^A-Za-z0-9])")
+# what ends a run of literal text in a regex: classes, escapes such as \d \w \b, groups, quantifiers
+_BREAK_RE = re.compile(r"\[(?:\\.|[^\]\\])*\]|\\[A-Za-z]|\(\?[:=!<P]?(?:<[^>]*>)?|[()|?*+{}^$]|\{\d+(?:,\d*)?\}")
+_DIGITS_RE = re.compile(r"\((?:\?P<\w+>|\?:)?\\d[+*]?(?:\{\d+(?:,\d*)?\})?\)|\\d[+*]?(?:\{\d+(?:,\d*)?\})?")
+_DIGIT_RUN_RE = re.compile(rb"\d+")
+_PHRASE_RE = re.compile(r"[A-Za-z0-9_]+(?:[ .:,'\"/=-]+[A-Za-z0-9_]+)*")
+_WORD_RE = re.compile(r"[A-Za-z0-9_]+")
+
+
+def _literal_runs(pattern: str) -> list[str]:
+    """The runs of literal text of a regex source (crude: enough to learn the casing of its words)."""
+    if pattern.startswith("(?i)"):
+        return []
+    text = _ESCAPED_SPACE_RE.sub(" ", pattern)
+    text = _DIGITS_RE.sub("0", text)  # `GPU (\d+) has` is the phrase `GPU 0 has`: digit runs match any digits
+    text = _BREAK_RE.sub("\0", text)
+    text = _ESCAPE_RE.sub(r"\1", text)
+    return [run for run in text.split("\0") if run.strip()]
+
+
+# written whole into the vocabulary: the frame and header words the traceback reader needs, the
+# exception names and units a lower-cased message lost
+CASED_WORDS = ('File "', "Traceback (most recent call last):", "During handling of the above exception",
+               "The above exception was the direct cause", "OutOfMemoryError", "RuntimeError", "ValueError",
+               "ImportError", "ModuleNotFoundError", "KeyError", "TypeError", "AttributeError", "OSError",
+               "AssertionError", "IndexError", "NotImplementedError", "ChildFailedError", "DistBackendError",
+               "GiB", "MiB", "KiB", "TiB")
+# single words taken on their own (outside a phrase) only when unambiguous and of these kinds: exception
+# names, size units, acronyms; other words (`Trainer`, `Free`) would turn paths and prose upper-case
+_CASED_WORD_RE = re.compile(r"[A-Z]\w*(?:Error|Exception|Warning|Interrupt)|[KMGT]iB|[A-Z][A-Z0-9]{2,}")
+
+
+class Recaser:
+    """Gives a lower-cased text the case of a vocabulary learnt from regex sources."""
+
+    def __init__(self, patterns: Iterable[str], extra: Iterable[str] = ()):
+        phrases: dict[str, str] = {}
+        words: dict[str, set[str]] = {}
+        lower_words: set[str] = set()
+        for exact in extra:  # taken whole: `File "`, `Traceback (most recent call last):`
+            phrases.setdefault(exact.lower(), exact)
+        for run in (r for p in patterns for r in _literal_runs(p)):
+            for phrase in _PHRASE_RE.findall(run):
+                for word in _WORD_RE.findall(phrase):
+                    if word.islower() or not any(c.isalpha() for c in word):
+                        lower_words.add(word.lower())
+                    else:
+                        words.setdefault(word.lower(), set()).add(word)
+                if phrase != phrase.lower() and _WORD_RE.fullmatch(phrase) is None:
+                    phrases.setdefault(phrase.lower(), phrase)
+        table = dict(phrases)
+        for low, forms in words.items():
+            word = next(iter(forms))
+            if len(forms) == 1 and low not in lower_words and _CASED_WORD_RE.fullmatch(word):
+                table.setdefault(low, word)
+        # digit runs are written `#` in keys and match any digits (`gpu 1 has` -> `GPU 1 has`)
+        self.table = {_DIGIT_RUN_RE.sub(b"#", k.encode()): v.encode() for k, v in table.items()}
+        self._regex = re.compile(_trie_regex(sorted(self.table)).encode("latin-1")) if self.table else None
+
+    def recase(self, block: bytes) -> bytes:
+        if self._regex is None:
+            return block
+        table = self.table
+
+        def cased(m: re.Match) -> bytes:
+            text = m.group(0)
+            template = table[_DIGIT_RUN_RE.sub(b"#", text)]
+            if b"#" not in template:
+                return template
+            digits = iter(_DIGIT_RUN_RE.findall(text))
+            return _DIGIT_RUN_RE.sub(lambda _: next(digits), _DIGIT_RUN_RE.sub(b"#", template))
+
+        return self._regex.sub(cased, block)
+
+
+def _trie_regex(keys: list[bytes]) -> str:
+    """One regex (a trie of alternatives, so the engine follows one branch per position) matching the
+    longest key at a position, each key standing alone (no letter or digit right before or after)."""
+    trie: dict = {}
+    for key in keys:
+        node = trie
+        for ch in key.decode("latin-1"):  # `#` stands for a digit run
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict, last: str) -> str:
+        branches = []
+        for ch in sorted(k for k in node if k):
+            child = node[ch]
+            run, end = (r"\d+" if ch == "#" else re.escape(ch)), ch
+            while len(child) == 1 and "" not in child:  # a chain: one literal run
+                (end, child), = child.items()
+                run += r"\d+" if end == "#" else re.escape(end)
+            branches.append(run + emit(child, end))
+        if "" in node:  # the key ends here (longer keys were tried first)
+            branches.append("(?![A-Za-z0-9])" if last.isalnum() else "")
+        if len(branches) == 1:
+            return branches[0]
+        return "(?:" + "|".join(branches) + ")"
+
+    return "(?<![A-Za-z0-9/])" + emit(trie, "")
+
+
 # A log copied from a console that wraps hard (Windows conhost, tmux copy mode, `fold`) has no line
 # longer than the window and many lines exactly that wide: an error message then spans two or three
 # lines and no pattern sees it whole. Such an input is recognised from its first block and every line
@@ -454,20 +570,28 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
 
 
 def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
-                           first_block_bytes: Optional[int] = None) -> Iterator[tuple[bytes, list[int]]]:
+                           first_block_bytes: Optional[int] = None,
+                           recaser: Optional[Callable[[], Recaser]] = None) -> Iterator[tuple[bytes, list[int]]]:
     """iter_blocks, with each block the offsets where a hard wrap was joined (empty for most inputs):
     the physical line of offset x is (newlines before x) + (joins before x) + 1, counted from the block's
     first physical line. `first_block_bytes` makes the first read smaller (the engine learns from it
-    which rules are already satisfied before reading big blocks)."""
+    which rules are already satisfied before reading big blocks). `recaser` (built only when needed)
+    gives a lower-cased input the case of the rules' vocabulary."""
     width: Optional[int] = None
     carry = b""
     first = True
+    case: Optional[Recaser] = None
     for block in _raw_blocks(item, block_bytes, first_block_bytes):
         block = straighten_quotes(unescape_html(block))
         if first:
             first = False
             width = detect_wrap_width(block[:1 << 20])
             item.wrap_width = width
+            if recaser is not None and is_lowered(block[:1 << 20]):
+                item.lowered = True
+                case = recaser()
+        if case is not None:
+            block = case.recase(block)  # same length: only the case of letters changes
         if width is None:
             yield block, []
             continue
@@ -573,7 +697,8 @@ _SRUN_LABEL_RE = re.compile(r"^(\d{1,4}): (?=\S)")
 _SOURCE_PREFIX_RE = re.compile(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FP] |"
                                r"(?:worker|node|host|gpu|compute|trainer)[-_]?\d+: |\d{1,3}(?:\.\d{1,3}){3}: )")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
-_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\S+) ([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
+# the host is left out by some collectors (`Jan 30 17:40:12 kernel: NVRM: ...`): a host never ends with `:`
+_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (?:(\S*[^\s:]) )?([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
 _DMESG_UPTIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")
 _DMESG_T_RE = re.compile(r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
 _ISO_RE = re.compile(
@@ -648,7 +773,7 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
         elif c.isupper():
             m = _SYSLOG_RE.match(text)
             if m and m.group(1) in _MONTHS:
-                stamp = stamp or m.group(0).split(" " + m.group(6))[0]
+                stamp = stamp or m.group(0)[:m.start(7)].rstrip().rsplit(" ", 1 if m.group(6) else 0)[0]
                 if time_s is None:
                     # syslog has no year; a fixed one keeps lines of one log comparable
                     time_s = _epoch(2000, _MONTHS[m.group(1)], int(m.group(2)), int(m.group(3)),
@@ -700,7 +825,12 @@ def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
     return text[start:start + limit]
 
 
-_QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown quote markers of a log pasted into a reply
+_QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts) of a pasted log
+# a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`)
+# or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
+# `50  0.6931`: a number follows) nor srun's `3: ` rank label
+_PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
+_PASTE_PREFIX_RE = re.compile(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.-])(?!No log))")
 
 
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:
@@ -709,6 +839,8 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
         raw = _ANSI_RE.sub("", raw)
     if raw[:1] == ">":
         raw = _QUOTE_RE.sub("", raw, count=1)
+    if raw[:1] in _PASTE_PREFIX_STARTS:
+        raw = _PASTE_PREFIX_RE.sub("", raw, count=1)
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()

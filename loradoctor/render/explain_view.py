@@ -100,6 +100,10 @@ def explain_text(report: "ExplainReport", painter: Painter, verbose: bool = Fals
     for f in shown:
         full = verbose or f is best
         out += finding_lines(p, f, brief=not full, verbose=verbose)
+        if f is best and f.differential:
+            out.append("   " + p.style("could also be", "bold") + " (the differential):")
+            for line in differential_lines(f):
+                out += p.para(line, indent=5)
         if full:
             out.append("")
         else:
@@ -112,6 +116,11 @@ def explain_text(report: "ExplainReport", painter: Painter, verbose: bool = Fals
         out += p.para(f"{plural(hidden, 'lower-ranked finding')} not shown (--top {top}); drop --top to see them.",
                       style=("dim",))
     return "\n".join(out).rstrip("\n")
+
+
+def differential_lines(verdict: Finding) -> list[str]:
+    """One line per look-alike of the verdict: rank, cause, confidence, what tells them apart."""
+    return [f"#{d['rank']} {d['cause']} ({d['confidence_label']}): {d['tells_apart']}" for d in verdict.differential]
 
 
 def _unrecognised_lines(p: Painter, tail: Sequence[Evidence]) -> list[str]:
@@ -140,7 +149,11 @@ def explain_md(report: "ExplainReport", top: Optional[int] = None, verbose: bool
     notes = input_notes(report.inputs)
     if notes:
         pre += [""] + [f"Note: {n}" for n in notes]
-    if not report.diagnoses() and not report.finished:
+    found = report.diagnoses()
+    if found and found[0].differential:
+        pre += ["", "Could also be (the differential):", ""]
+        pre += [f"- {line}" for line in differential_lines(found[0])]
+    if not found and not report.finished:
         pre += ["", "Last error-looking lines:", "", "```"]
         pre += [f"{e.where()}: {e.text}" for e in report.unrecognised_tail] or ["(none)"]
         pre += ["```"]

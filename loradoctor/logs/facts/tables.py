@@ -12,7 +12,13 @@
 LOCATIONS = (  # checked in this order: the more specific phase wins
     ("load", {"from_pretrained", "load_state_dict", "_load_state_dict_into_meta_model", "dispatch_model",
               "load_checkpoint_and_dispatch", "_load_pretrained_model", "load_checkpoint_in_model",
-              "_load_from_state_dict", "load_model"}),
+              "_load_from_state_dict", "load_model",
+              # quantization while loading (bitsandbytes 4/8-bit, transformers' quantizers)
+              "create_quantized_param", "_process_model_before_weight_loading", "replace_with_bnb_linear",
+              "quantize_4bit", "_quantize", "load_and_quantize_model"}),
+    # merging an adapter into the base weights (a quantized base is dequantized first)
+    ("merge", {"merge_and_unload", "_unload_and_optionally_merge", "merge_adapter", "add_weighted_adapter",
+               "merge_lora_weights", "_merge_lora"}),
     # save: HF Trainer / PEFT, plus the frames of a sharded save without Trainer frames above them
     # (DeepSpeed's engine and ZeRO-3 16-bit consolidation, FSDP full / optimizer state dicts via
     # accelerate or torch, torch.distributed.checkpoint, Lightning, torch.save itself)
@@ -23,6 +29,8 @@ LOCATIONS = (  # checked in this order: the more specific phase wins
               "get_model_state_dict", "get_optimizer_state_dict", "save_state_dict", "_save_state_dict",
               "async_save", "dump_checkpoint", "save"}),
     ("eval", {"evaluate", "evaluation_loop", "prediction_step", "_evaluate", "predict",
+              # predictions accumulated on the GPU (Trainer without eval_accumulation_steps)
+              "prediction_loop", "nested_concat", "_nested_gather", "gather_for_metrics", "eval_step",
               # Lightning: validation (and the sanity check before training)
               "validation_step", "_evaluation_step", "_run_sanity_check", "validate",
               # diffusers / kohya: validation images between steps
@@ -38,7 +46,7 @@ LOCATIONS = (  # checked in this order: the more specific phase wins
 # function loads the model too)
 STEP_FRAMES = {"_inner_training_loop", "training_step", "train_step", "compute_loss", "forward", "backward",
                "_engine_run_backward", "optimizer_step", "_call_impl", "_wrapped_call_impl"}
-SPECIFIC_PHASES = ("load", "save", "eval", "generate")
+SPECIFIC_PHASES = ("load", "merge", "save", "eval", "generate")
 # frames that move a model to the GPU: load, when no training-step frame is in the traceback
 MOVE_FRAMES = {"to", "cuda", "_apply"}
 

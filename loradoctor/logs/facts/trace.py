@@ -47,6 +47,11 @@ def location_from_frames(frames: list[tuple[str, str]], sources: Iterable[str] =
 
 
 
+def _dialect_frame(text: str) -> Optional[re.Match]:
+    """A frame line of the rich or IPython traceback dialects."""
+    return _RICH_FRAME_RE.match(text) or _IPYTHON_FRAME_RE.match(text) or _OLD_IPYTHON_FRAME_RE.match(text)
+
+
 _HEADERLESS_GAP = 60  # lines after the last frame of a traceback without header that still belong to it
 
 
@@ -81,7 +86,8 @@ class TraceExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if "Traceback" in text or self._in_trace or 'File "' in text or _EXC_RE.match(text):
+        if "Traceback" in text or self._in_trace or 'File "' in text or _EXC_RE.match(text) \
+                or (".py" in text and _dialect_frame(text) is not None):
             self._trace(line)
             return True
         return False
@@ -100,8 +106,9 @@ class TraceExtractor(Extractor):
             self._open_trace(line, headerless=False)
             return
         if not self._in_trace:
-            # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header
-            if _FRAME_RE.search(text):
+            # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header, and
+            # the rich / IPython dialects pasted from their middle (no box top, no `Traceback` banner)
+            if _FRAME_RE.search(text) or _dialect_frame(text) is not None:
                 self._open_trace(line, headerless=True)
             else:
                 return

@@ -15,7 +15,7 @@ Problems become one-line `UserError`s naming the file, the rule id and the field
 
 from loradoctor.logs.rules.condition import MISSING, Condition, ConditionError
 from loradoctor.logs.rules.lint import lint_rules
-from loradoctor.logs.rules.literals import MIN_DERIVED_LITERAL, derive_literals
+from loradoctor.logs.rules.literals import MIN_DERIVED_LITERAL, derive_literals, paste_tolerant
 from loradoctor.logs.rules.load import load_rules
 from loradoctor.logs.rules.model import LazyRegexes, Rule, build_rule
 from loradoctor.logs.rules.schema import (builtin_rules_dir, cause_ids, load_schema, repro_ids, sync_schema_enums,
@@ -24,7 +24,7 @@ from loradoctor.logs.rules.templates import (FILTERS, check_template, format_val
                                              template_placeholders)
 
 __all__ = [
-    "MISSING", "Condition", "ConditionError", "lint_rules", "MIN_DERIVED_LITERAL", "derive_literals", "load_rules",
+    "MISSING", "Condition", "ConditionError", "lint_rules", "MIN_DERIVED_LITERAL", "derive_literals", "paste_tolerant", "load_rules",
     "LazyRegexes", "Rule", "build_rule", "builtin_rules_dir", "cause_ids", "load_schema", "repro_ids",
     "sync_schema_enums", "validate_schema", "FILTERS", "check_template", "format_value", "render_template",
     "template_placeholders",

@@ -4,6 +4,8 @@ only lines that could match."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Optional
 
 MIN_DERIVED_LITERAL = 3  # a derived prefilter literal shorter than this would match everywhere
@@ -37,12 +39,26 @@ def _informative_literal(text: str) -> bool:
     return len(text) >= MIN_DERIVED_LITERAL and sum(ch not in _COMMON_LOG_CHARS for ch in text) >= 2
 
 
+_DUNDER_SRC_RE = re.compile(r"(?<!\\)__(\w+?)__")
+
+
+def paste_tolerant(pattern: str) -> str:
+    """A rule's regex as it is matched: a log copied from a rendered page lost its backquotes and the
+    underscores of `__init__` (Markdown bold), so a backquote becomes optional and `__x__` matches `x`
+    too. Rule authors write the message as the library prints it."""
+    if "`" in pattern:
+        pattern = pattern.replace("\\`", "`").replace("`", "`?")
+    if "__" in pattern:
+        pattern = _DUNDER_SRC_RE.sub(r"(?:__\1__|\1)", pattern)
+    return pattern
+
+
 def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
     """Literals of which at least one occurs in every match of `pattern`, as (text, ignore_case);
     None when the pattern has no literal part long enough to look for."""
     parser, c = _parser(), _constants()
     try:
-        parsed = parser.parse(pattern)
+        parsed = parser.parse(paste_tolerant(pattern))
     except Exception:
         return None
     global_ci = bool(parsed.state.flags & c.SRE_FLAG_IGNORECASE)

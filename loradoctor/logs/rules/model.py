@@ -11,7 +11,7 @@ from loradoctor.findings import Fix, confidence_value
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.condition import Condition, ConditionError
 from loradoctor.logs.rules.redos import static_problems
-from loradoctor.logs.rules.literals import _literals_for
+from loradoctor.logs.rules.literals import _literals_for, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
 
 @dataclass
@@ -63,7 +63,7 @@ class Rule:
 def _compile_regex(pattern: str):
     import regex
 
-    return regex.compile(pattern, regex.V0)
+    return regex.compile(paste_tolerant(pattern), regex.V0)
 
 
 class LazyRegexes:

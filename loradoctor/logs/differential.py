@@ -1,0 +1,144 @@
+"""The differential: the causes a verdict can be confused with, and a labelled guess where no rule fired.
+
+A verdict such as `oom.capacity` rests on numbers that are often missing or near a boundary (a request
+larger than free memory but smaller than free + cached: capacity or fragmentation). For each cause the
+table in `loradoctor/data/differential.yaml` lists its look-alikes, a condition (docs/rules.md) under
+which each stays plausible, and one line on what tells them apart. `alternatives()` turns the plausible
+ones into low-confidence findings placed after the verdict (rule id `differential`), and fills the
+verdict's `differential` field. `guess()` names a cause, labelled a guess, for an input whose last
+error-looking lines name a family that no rule recognised (rule id `guess`): such a log is never
+"nothing recognised". Pure functions of the findings and facts; no I/O but reading the table once.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from loradoctor.findings import Evidence, Finding
+
+ALTERNATIVE_CONFIDENCE = 0.3  # below any rule's own confidence: "low"
+GUESS_CONFIDENCE = 0.2  # "guess"
+MAX_ALTERNATIVES = 2  # the second and third candidates
+TABLE = Path(__file__).resolve().parent.parent / "data" / "differential.yaml"
+
+# a line that says a run failed: an exception line (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`,
+# lower-cased too), or a launcher / kernel / shell failure; a warning that quotes an error is none
+_FAILURE_RE = re.compile(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^Traceback \(most recent|"
+                         r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
+                         r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b", re.I)
+_WARNING_RE = re.compile(r"warning\b|\bwarn\b", re.I)
+
+
+@dataclass
+class Alternative:
+    cause: str
+    when: Any  # a compiled Condition, or None (always plausible)
+    tells_apart: str
+
+
+@dataclass
+class Guess:
+    cause: str
+    match: re.Pattern
+    alternatives: list[str] = field(default_factory=list)
+    tells_apart: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
+    """The alternatives per verdict cause and the guesses, compiled once (titles: `cause_titles`)."""
+    import yaml
+
+    from loradoctor.logs.rules import Condition
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    alts = {cause: [Alternative(a["cause"], Condition(a["when"]) if a.get("when") else None, a["tells_apart"])
+                    for a in entries]
+            for cause, entries in (data.get("alternatives") or {}).items()}
+    guesses = [Guess(g["cause"], re.compile(g["match"], re.I), list(g.get("alternatives", [])), g.get("tells_apart", ""))
+               for g in data.get("guesses") or []]
+    return alts, guesses
+
+
+def _entry(f: Finding, tells_apart: str) -> dict[str, Any]:
+    return {"cause": f.cause, "confidence": round(f.confidence, 3), "confidence_label": f.confidence_label,
+            "rank": f.rank, "tells_apart": tells_apart,
+            "evidence": [{"file": e.file, "line": e.line, "text": e.text} for e in f.evidence[:2]]}
+
+
+@functools.lru_cache(maxsize=1)
+def cause_titles(path: Path = TABLE) -> dict[str, str]:
+    """A generic title per cause id (the table's `titles`)."""
+    import yaml
+
+    return dict(yaml.safe_load(path.read_text(encoding="utf-8")).get("titles") or {})
+
+
+def _title(cause: str, titles: dict[str, str]) -> str:
+    return cause_titles().get(cause) or titles.get(cause, cause)
+
+
+def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any],
+                 titles: dict[str, str]) -> list[tuple[Finding, str]]:
+    """(finding, what tells it apart) for the causes the verdict can be confused with, plausible on these
+    facts and not already found; each quotes the verdict's own evidence (the same lines read another way).
+    `titles` gives a title per cause (the engine passes those of the rules)."""
+    table, _ = load_table()
+    have = set(present) | {verdict.cause}
+    out: list[tuple[Finding, str]] = []
+    for alt in table.get(verdict.cause, []):
+        if alt.cause in have or (alt.when is not None and not alt.when.evaluate(values)):
+            continue
+        have.add(alt.cause)
+        finding = Finding(
+            cause=alt.cause, rule="differential", severity="error" if verdict.severity == "error" else "warning",
+            confidence=ALTERNATIVE_CONFIDENCE - 0.05 * len(out), title=f"Could also be: {_title(alt.cause, titles)}",
+            summary=f"The same evidence can be read as {alt.cause}: the numbers or frames that would rule it out "
+                    f"are missing or near the boundary. What tells them apart: {alt.tells_apart}.",
+            evidence=list(verdict.evidence[:2]), area=alt.cause.split(".", 1)[0])
+        out.append((finding, alt.tells_apart))
+        if len(out) >= MAX_ALTERNATIVES:
+            break
+    return out
+
+
+def failure_lines(tail: Sequence[Evidence]) -> list[Evidence]:
+    """The error-looking lines that say a run failed."""
+    return [e for e in tail if _FAILURE_RE.search(e.text) and not _WARNING_RE.search(e.text)]
+
+
+def guess(tail: Sequence[Evidence], titles: dict[str, str]) -> list[tuple[Finding, str]]:
+    """For an input no rule recognised: a guess and its alternatives, (finding, what would confirm or
+    tell it apart), from the last failure lines; [] when they name no family."""
+    lines = failure_lines(tail)
+    if not lines:
+        return []
+    _, guesses = load_table()
+    for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
+        for g in guesses:
+            if not g.match.search(line.text):
+                continue
+            out = [(Finding(
+                cause=g.cause, rule="guess", severity="warning", confidence=GUESS_CONFIDENCE,
+                title=f"Guess: {_title(g.cause, titles)}",
+                summary=f"No rule recognised this failure; its last error line reads like {g.cause}. "
+                        f"What would confirm it: {g.tells_apart}.",
+                evidence=[line], area=g.cause.split(".", 1)[0]), g.tells_apart)]
+            for cause in g.alternatives[:MAX_ALTERNATIVES]:
+                out.append((Finding(
+                    cause=cause, rule="differential", severity="warning", confidence=GUESS_CONFIDENCE - 0.05 * len(out),
+                    title=f"Could also be: {_title(cause, titles)}",
+                    summary=f"Another reading of the same line ({cause}); {g.tells_apart}.", evidence=[line],
+                    area=cause.split(".", 1)[0]), g.tells_apart))
+            return out
+    return []
+
+
+def differential_field(alts: Sequence[tuple[Finding, str]]) -> list[dict[str, Any]]:
+    """The verdict's `differential`: its alternatives with their rank, confidence, evidence and what
+    tells each apart (call after the findings are numbered)."""
+    return [_entry(f, tells) for f, tells in alts]

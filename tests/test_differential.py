@@ -1,0 +1,102 @@
+"""The differential (docs/explain.md): a verdict whose discriminating numbers are missing or near a
+boundary carries its look-alikes with their own rank, lower confidence, evidence and what tells them
+apart; a log no rule recognised but whose last failure line names a family gets a labelled guess."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loradoctor.logs import differential
+from loradoctor.logs.rules import load_rules
+from loradoctor.render.explain_view import explain_json, explain_md
+
+from conftest import explain_text  # noqa: E402
+
+# G2 message: 20 MiB requested, 11 MiB free, 150 MiB cached: capacity, but the cache could have served it
+AMBIGUOUS_OOM = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.79 GiB total "
+                 "capacity; 6.41 GiB already allocated; 11.06 MiB free; 6.56 GiB reserved in total by PyTorch)\n")
+# G4 message with 9 GiB reserved but unallocated for a 2 GiB request: fragmentation beyond doubt
+CLEAR_FRAGMENTATION = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB "
+    "of which 1.05 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB memory in use. Of the allocated "
+    "memory 68.50 GiB is allocated by PyTorch, and 9.00 GiB is reserved by PyTorch but unallocated. If reserved but "
+    "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n")
+
+
+def test_an_ambiguous_oom_lists_its_look_alikes_after_the_verdict(tmp_path):
+    report = explain_text(tmp_path, AMBIGUOUS_OOM)
+    causes = [f.cause for f in report.findings]
+    assert causes[0] == "oom.capacity"
+    assert "oom.fragmentation" in causes[1:3]
+    verdict = report.findings[0]
+    assert verdict.differential and verdict.differential[0]["cause"] == causes[1]
+    alt = report.findings[1]
+    assert alt.rule == "differential" and alt.confidence < verdict.confidence and alt.confidence_label in ("low", "guess")
+    assert alt.evidence and alt.evidence[0].line == 1  # the same OOM line, read another way
+    assert any("expandable_segments" in d["tells_apart"] for d in verdict.differential)
+
+
+def test_a_clear_verdict_does_not_list_a_ruled_out_look_alike(tmp_path):
+    report = explain_text(tmp_path, CLEAR_FRAGMENTATION)
+    assert report.findings[0].cause == "oom.fragmentation"
+    # 9 GiB unallocated is far more than twice the request: capacity is not a plausible reading
+    assert "oom.capacity" not in [d["cause"] for d in report.findings[0].differential]
+
+
+def test_the_differential_is_in_json_text_and_markdown(tmp_path):
+    report = explain_text(tmp_path, AMBIGUOUS_OOM)
+    doc = json.loads(explain_json(report))
+    assert list(doc) == ["schema", "inputs", "findings"]
+    entry = doc["findings"][0]["differential"][0]
+    assert {"cause", "confidence", "confidence_label", "rank", "tells_apart", "evidence"} <= set(entry)
+    md = explain_md(report)
+    assert "Could also be (the differential):" in md and entry["tells_apart"] in md
+    from rich.console import Console
+
+    from loradoctor.render.explain_view import print_explain
+
+    con = Console(record=True, width=200, color_system=None)
+    print_explain(con, report)
+    shown = con.export_text()
+    assert "could also be" in shown and entry["tells_apart"] in shown
+
+
+def test_an_unrecognised_failure_line_gets_a_labelled_guess(tmp_path):
+    text = ("Loading checkpoint shards: 100%|##########| 2/2 [00:04<00:00,  2.10s/it]\n"
+            "Traceback (most recent call last):\n"
+            '  File "/w/train.py", line 88, in <module>\n'
+            "    trainer.train()\n"
+            "RuntimeError: NCCL communicator init failed on rank 3 (bootstrap: remote process exited)\n")
+    report = explain_text(tmp_path, text)
+    top = report.findings[0]
+    assert top.rule == "guess" and top.confidence_label == "guess" and top.severity == "warning"
+    assert top.cause == "dist.nccl_error" and top.title.startswith("Guess:")
+    assert [d["cause"] for d in top.differential]  # and its alternatives
+
+
+@pytest.mark.parametrize("text", [
+    # a warning that quotes an error class is no failure line
+    "/opt/peft/utils/other.py:1110: UserWarning: Unable to fetch remote file due to the following error "
+    "(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', port=443)\"))\n",
+    # a run that trained to the end
+    "RuntimeError: NCCL warning printed by a callback\n{'train_runtime': 12.0, 'train_loss': 1.2, 'epoch': 1.0}\n",
+    # a failure line that names no family
+    "KeyError: 'input_ids'\n",
+])
+def test_no_guess_without_a_failure_that_names_a_family(tmp_path, text):
+    report = explain_text(tmp_path, text)
+    assert not [f for f in report.findings if f.rule in ("guess", "differential")]
+
+
+def test_the_table_names_only_catalogue_causes():
+    causes = {r.cause for r in load_rules()}
+    from loradoctor.logs.rules import cause_ids
+
+    known = set(cause_ids())
+    table, guesses = differential.load_table()
+    named = set(table) | {a.cause for alts in table.values() for a in alts}
+    named |= {g.cause for g in guesses} | {c for g in guesses for c in g.alternatives}
+    assert named <= known, sorted(named - known)
+    assert causes <= known

@@ -1,0 +1,90 @@
+"""What the reader and the rule compiler do for pastes that lost their shape (issue 10): a lower-cased
+message gets the case of the rules' vocabulary back, line numbers and IPython prompts are peeled,
+syslog lines without a host are read, backquotes and the `__` of `__init__` are optional in patterns."""
+
+from __future__ import annotations
+
+import pytest
+
+from loradoctor.logs import reader
+from loradoctor.logs.engine import recaser_for
+from loradoctor.logs.rules import derive_literals, load_rules, paste_tolerant
+
+from conftest import explain_text  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def recaser():
+    return recaser_for(load_rules())
+
+
+def test_a_lowered_oom_message_gets_its_numbers_read(recaser):
+    from loradoctor.logs.facts import parse_oom_message
+
+    text = (b"torch.outofmemoryerror: cuda out of memory. tried to allocate 2.00 gib. gpu 0 has a total capacity "
+            b"of 23.65 gib of which 1.20 gib is free. including non-pytorch memory, this process has 22.40 gib memory "
+            b"in use. of the allocated memory 20.10 gib is allocated by pytorch, and 1.90 gib is reserved by pytorch "
+            b"but unallocated.")
+    cased = recaser.recase(text)
+    assert len(cased) == len(text)  # only the case changes: line offsets stay right
+    msg = parse_oom_message(cased.decode())
+    assert msg is not None and msg.device_index == 0
+    assert abs(msg.free_bytes - 1.20 * 2**30) < 2 and abs(msg.reserved_unallocated_bytes - 1.90 * 2**30) < 2
+
+
+def test_recasing_keeps_paths_and_ambiguous_words(recaser):
+    text = b'  file "/usr/lib/python3/site-packages/transformers/trainer.py", line 1885, in train\nan error occurred'
+    cased = recaser.recase(text).decode()
+    assert cased.startswith('  File "/usr/lib/python3/site-packages/transformers/trainer.py"')  # path untouched
+    assert cased.endswith("an error occurred")  # `error` is written both ways in patterns: left alone
+
+
+def test_only_an_input_without_upper_case_is_recased(tmp_path):
+    lowered = "runtimeerror: expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!\n"
+    report = explain_text(tmp_path, lowered)
+    assert report.findings and report.findings[0].cause == "train.device_mismatch"
+    assert reader.is_lowered(lowered.encode()) and not reader.is_lowered(b"RuntimeError: x")
+    # evidence quotes the line as the reader gave it back: with the case of the vocabulary restored
+    assert "Expected all tensors" in report.findings[0].evidence[0].text
+
+
+@pytest.mark.parametrize("raw, text", [
+    ("  12  Traceback (most recent call last):", "Traceback (most recent call last):"),
+    ("12\tRuntimeError: CUDA error: device-side assert triggered", "RuntimeError: CUDA error: device-side assert triggered"),
+    ("  7 | torch.OutOfMemoryError: CUDA out of memory.", "torch.OutOfMemoryError: CUDA out of memory."),
+    ("In [7]: trainer.train()", "trainer.train()"),
+    (">>> import torch", "import torch"),
+    # kept: a notebook table row, srun's rank label (peeled as a rank), a progress bar
+    ("50  No log  0.693147", "50  No log  0.693147"),
+    ("50\t0.693100", "50\t0.693100"),
+    ("3: RuntimeError: x", "RuntimeError: x"),
+])
+def test_line_numbers_and_prompts_are_peeled(raw, text):
+    assert reader.normalise(raw)[0] == text
+
+
+def test_srun_label_is_still_a_rank():
+    assert reader.normalise("3: RuntimeError: x")[2] == 3
+
+
+@pytest.mark.parametrize("raw", [
+    "Jan 30 17:40:12 kernel: NVRM: Xid (PCI:0008:01:00): 74, pid=1, name=python, NVLink: fatal error",
+    "Jan 30 17:40:12 node07 kernel: NVRM: Xid (PCI:0008:01:00): 74, pid=1, name=python, NVLink: fatal error",
+    "[Thu Jan 30 17:40:12 2025] NVRM: Xid (PCI:0008:01:00): 74, pid=1, name=python, NVLink: fatal error",
+])
+def test_kernel_lines_with_or_without_host_keep_their_nvrm_tag(raw):
+    text, _, _, stamp, _ = reader.normalise(raw)
+    assert text.startswith("NVRM: Xid (PCI:0008:01:00): 74") and stamp
+
+
+def test_backquotes_and_dunders_are_optional_in_patterns():
+    import regex
+
+    pattern = paste_tolerant(r"Assertion `(?P<assertion>[^`]+)` failed")
+    assert regex.search(pattern, "Assertion `t >= 0 && t < n_classes` failed")
+    assert regex.search(pattern, "Assertion t >= 0 && t < n_classes failed").group("assertion") == "t >= 0 && t < n_classes"
+    dunder = paste_tolerant(r"[/\\]torch[/\\]__init__\.py")
+    assert regex.search(dunder, "/venv/torch/__init__.py") and regex.search(dunder, "/venv/torch/init.py")
+    # the prefilter literal derived from the tolerant pattern is still in both forms of the line
+    lits = derive_literals(r"Assertion `(?P<assertion>[^`]+)` failed")
+    assert lits and all(t in "Assertion t >= 0 failed" for t, _ in lits)
