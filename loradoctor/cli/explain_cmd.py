@@ -112,11 +112,14 @@ def build_parser():
     p.add_argument("--env", metavar="SNAPSHOT.json|live",
                    help="machine facts: a saved `loradoctor env --format json` file, or 'live' to check this machine now")
     p.add_argument("--top", type=positive, metavar="N", help="show only the N best findings")
+    p.add_argument("--timeline", metavar="FILE|DIR",
+                   help="a timeline recorded by `loradoctor run` (its folder) or the Trainer callback: its memory, "
+                        "utilisation and host-RAM findings are ranked in with the log's")
     return p
 
 
 def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: List[Path] = (),
-            env: Optional[str] = None, top: Optional[int] = None) -> int:
+            env: Optional[str] = None, top: Optional[int] = None, timeline: Optional[str] = None) -> int:
     """`loradoctor explain` with parsed options; returns the exit code."""
     fmt = _check_format(fmt, FORMATS)
     rule_dirs = [_check_rule_dir(d, "--rules") for d in rules]
@@ -127,7 +130,13 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
 
     progress = make_progress(paths)
     try:
-        report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
+        if timeline:
+            from loradoctor.bedside.report import explain_with_timeline
+
+            report = explain_with_timeline(list(paths), timeline, extra_rule_dirs=rule_dirs, env=snapshot,
+                                           progress=progress)
+        else:
+            report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         # The reader should raise UserError itself; this keeps a traceback away from the user if not.
         raise UserError(f"cannot read {exc.filename or exc}: {exc.strerror or exc}") from None
