@@ -250,8 +250,15 @@ class RedactingStream:
 _installed: List[Any] = []
 
 
+def _own(argv: List[str]) -> List[str]:
+    """The arguments before a bare `--` (after it comes another program's command line)."""
+    return argv[:argv.index("--")] if "--" in argv else list(argv)
+
+
 def wanted(argv: List[str]) -> Optional[bool]:
-    """Whether this command line asks for redaction: --no-redact off, --redact on, else on for --format md."""
+    """Whether this command line asks for redaction: --no-redact off, --redact on, else on for --format md.
+    Only loradoctor's own options count: what follows `--` is another program's (`loradoctor run -- CMD`)."""
+    argv = _own(argv)
     if "--no-redact" in argv:
         return False
     if "--redact" in argv:
@@ -266,7 +273,8 @@ def install(argv: List[str]) -> List[str]:
     """The CLI's output hook: wrap sys.stdout in a RedactingStream when `wanted(argv)`; returns argv without
     --redact / --no-redact (they apply to every command, whatever its parser)."""
     on = wanted(argv)
-    rest = [a for a in argv if a not in ("--redact", "--no-redact")]
+    own = _own(argv)
+    rest = [a for a in own if a not in ("--redact", "--no-redact")] + argv[len(own):]
     if on and not _installed:
         _installed.append(sys.stdout)
         sys.stdout = RedactingStream(sys.stdout)  # type: ignore[assignment]

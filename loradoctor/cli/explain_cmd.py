@@ -65,11 +65,15 @@ def build_parser(name: str = "explain"):
     p.add_argument("--max-decompressed", metavar="SIZE",
                    help="read compressed logs up to SIZE decompressed (default 1GiB, and at most 100x the "
                         "file's size past 16 MiB: a compression bomb); 0 lifts the limit")
+    p.add_argument("--timeline", metavar="FILE|DIR",
+                   help="a timeline recorded by `loradoctor run` (its folder) or the Trainer callback: its memory, "
+                        "utilisation and host-RAM findings are ranked in with the log's")
     return p
 
 
 def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: List[Path] = (),
-            env: Optional[str] = None, top: Optional[int] = None, max_decompressed: Optional[str] = None) -> int:
+            env: Optional[str] = None, top: Optional[int] = None, max_decompressed: Optional[str] = None,
+            timeline: Optional[str] = None) -> int:
     """`loradoctor explain` with parsed options; returns the exit code."""
     from loradoctor.cli._args import check_format, check_rule_dir
 
@@ -91,7 +95,13 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
 
     progress = make_progress(paths)
     try:
-        report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
+        if timeline:
+            from loradoctor.bedside.report import explain_with_timeline
+
+            report = explain_with_timeline(list(paths), timeline, extra_rule_dirs=rule_dirs, env=snapshot,
+                                           progress=progress)
+        else:
+            report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         # The reader should raise UserError itself; this keeps a traceback away from the user if not.
         raise UserError(f"cannot read {exc.filename or exc}: {exc.strerror or exc}") from None
