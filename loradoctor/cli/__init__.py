@@ -58,9 +58,9 @@ def _root(
 
 def _register() -> None:
     # Each module adds its commands to `app`; imports inside them stay lazy so startup stays fast.
-    from loradoctor.cli import env_cmd, estimate_cmd, explain_cmd, repro_cmd
+    from loradoctor.cli import env_cmd, estimate_cmd, explain_cmd, lint_cmd, recommend_cmd, repro_cmd
 
-    for module in (env_cmd, explain_cmd, estimate_cmd, repro_cmd):
+    for module in (env_cmd, explain_cmd, estimate_cmd, repro_cmd, recommend_cmd, lint_cmd):
         module.register(app)
 
 
