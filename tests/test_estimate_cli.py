@@ -50,7 +50,7 @@ def test_estimate_json_document():
 
 def test_estimate_text_does_not_fit_exits_1_with_advice(fixtures_dir):
     out = run_cli("estimate", "--config", str(fixtures_dir / "configs" / "hf_checkpoint"), "--batch", "16",
-                  "--no-gradient-checkpointing", "--gpu", "T4")
+                  "--no-gradient-checkpointing", "--precision", "fp16", "--gpu", "T4")
     assert out.returncode == 1, out.stderr
     assert "DOES NOT FIT on T4" in out.stdout
     assert "base weights" in out.stdout and "█" in out.stdout
@@ -89,7 +89,7 @@ def test_measure_validates_like_estimate():
 
 
 def test_preflight_core_no_gpu_and_env_error():
-    from loradoctor.cli.estimate_cmd import run_preflight
+    from loradoctor.estimate.preflight import run_preflight
     from loradoctor.estimate.arch import resolve_arch
     from loradoctor.estimate.memory import EstimateInputs
 

@@ -73,3 +73,135 @@ def test_detect_and_reject(tmp_path):
     assert "not valid JSON" in str(exc.value)
     with pytest.raises(UserError):
         read_configs([tmp_path / "missing.yaml"])
+
+
+# --- values are checked with bounds; errors name the file, the key and the value (issue 11, 12) -----
+
+@pytest.mark.parametrize("line, key, shown", [
+    ("micro_batch_size: two", "micro_batch_size", "'two'"),
+    ("lora_r: sixteen", "lora_r", "'sixteen'"),
+    ("lora_r: .inf", "lora_r", "inf"),
+    ("lora_dropout: .nan", "lora_dropout", "nan"),
+    ("lora_dropout: 1.5", "lora_dropout", "1.5"),
+    ("sequence_len: -5", "sequence_len", "-5"),
+    ("micro_batch_size: [1, 2]", "micro_batch_size", "[1, 2]"),
+    ("lora_r: true", "lora_r", "True"),
+    ("lora_target_modules: 5", "lora_target_modules", "5"),
+    ("gradient_accumulation_steps: 1.0e+30", "gradient_accumulation_steps", "1e+30"),
+])
+def test_bad_axolotl_values_name_file_key_value(tmp_path, line, key, shown):
+    path = tmp_path / "axolotl.yaml"
+    path.write_text(f"base_model: meta-llama/Llama-3.1-8B\nadapter: lora\n{line}\n")
+    with pytest.raises(UserError) as exc:
+        read_config(path)
+    message = str(exc.value)
+    assert str(path) in message and f"{key}: {shown}" in message and "\n" not in message
+
+
+def test_bad_values_in_other_formats(tmp_path):
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nfinetuning_type: lora\nlora_rank: eight\n")
+    with pytest.raises(UserError, match=r"lf\.yaml: lora_rank: 'eight'"):
+        read_config(lf)
+    lf.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nfinetuning_type: lora\nquantization_bit: four\n")
+    with pytest.raises(UserError, match=r"quantization_bit: 'four'"):
+        read_config(lf)
+    ta = tmp_path / "training_args.json"
+    ta.write_text('{"per_device_train_batch_size": ' + "9" * 5000 + ', "output_dir": "out"}')
+    with pytest.raises(UserError, match="training_args.json"):
+        read_config(ta)
+    ta.write_text('{"per_device_train_batch_size": NaN, "output_dir": "out"}')
+    with pytest.raises(UserError, match=r"per_device_train_batch_size: nan"):
+        read_config(ta)
+
+
+def test_numbers_written_as_text_or_whole_floats_still_read(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("base_model: x\nadapter: lora\nmicro_batch_size: '4'\nsequence_len: 2048.0\nlora_alpha: 16.5\n")
+    _, opts = read_config(path)
+    assert opts["batch"] == 4 and opts["seq_len"] == 2048 and opts["alpha"] == 16.5
+
+
+def test_a_bad_value_inside_a_checkpoint_folder_is_not_skipped(tmp_path):
+    folder = tmp_path / "checkpoint-10"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "r": "sixteen", "target_modules": ["q_proj"], '
+                                                '"base_model_name_or_path": "meta-llama/Llama-2-7b-hf"}')
+    with pytest.raises(UserError, match=r"adapter_config.json: r: 'sixteen'"):
+        read_configs([folder])
+
+
+def test_two_configs_that_disagree_say_which_won(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nmicro_batch_size: 2\n")
+    second.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nmicro_batch_size: 4\n")
+    inputs, source = resolve_inputs({}, [first, second])
+    assert inputs.batch == 4 and source["batch"] == "config: second.yaml (axolotl)"
+    assert source["method"] == "config: second.yaml (axolotl)"
+    (conflict,) = source.conflicts
+    assert "batch" in conflict and "first.yaml" in conflict and "second.yaml wins" in conflict
+    second.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: qlora\n")
+    inputs, source = resolve_inputs({}, [first, second])
+    assert inputs.method == "qlora" and inputs.batch == 2
+    assert any("method" in c and "second.yaml wins" in c for c in source.conflicts)
+    assert source["batch"] == "config: first.yaml (axolotl)"
+
+
+def test_fixes_are_spelled_in_the_framework_own_keys():
+    from loradoctor.estimate.configs import spell_fix
+
+    assert spell_fix("--batch 1 --grad-accum 8", {}, "axolotl") == (
+        "micro_batch_size: 1, gradient_accumulation_steps: 8", {"axolotl"})
+    assert spell_fix("--batch 1 --grad-accum 8", {}, "llamafactory")[0] == (
+        "per_device_train_batch_size: 1, gradient_accumulation_steps: 8")
+    assert spell_fix("--gradient-checkpointing", {}, "llamafactory")[0] == "disable_gradient_checkpointing: false"
+    assert spell_fix("--seq-len 1024", {}, "training_args")[0] == '"max_length": 1024'
+    # targets come from the adapter config in a checkpoint folder, the batch from training_args.json
+    assert spell_fix("--targets q_proj,v_proj", {"targets": "adapter_config"}, "training_args") == (
+        '"target_modules": ["q_proj", "v_proj"]', {"adapter_config"})
+    assert spell_fix("--method qlora --quant nf4 --double-quant", {}, "axolotl")[0] == "adapter: qlora, load_in_4bit: true"
+
+
+# --- fuzz: any value under any key a reader uses -> options or one line, never a traceback ------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from loradoctor.estimate.configs import FIELDS  # noqa: E402
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**30, max_value=10**30),
+                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                     st.sampled_from(["auto", "true", "4", "nf4", "all", "q_proj,v_proj", "1e3", "-0", "16.0"]))
+_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3), st.dictionaries(st.text(max_size=5), _SCALARS, max_size=2))
+_MARKERS = {"axolotl": {"base_model": "meta-llama/Llama-3.1-8B"},
+            "llamafactory": {"model_name_or_path": "meta-llama/Llama-3.1-8B", "finetuning_type": "lora"},
+            "training_args": {"output_dir": "out", "model_name_or_path": "meta-llama/Llama-3.1-8B"},
+            "adapter_config": {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.1-8B"}}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from(sorted(FIELDS)), data=st.data())
+def test_any_value_gives_options_or_one_line(tmp_path, fmt, data):
+    import json
+
+    settings_ = dict(_MARKERS[fmt])
+    keys = data.draw(st.lists(st.sampled_from(sorted(FIELDS[fmt])), min_size=1, max_size=4, unique=True))
+    for key in keys:
+        settings_[key] = data.draw(_VALUES)
+    path = tmp_path / ("c.json" if fmt in ("training_args", "adapter_config") else "c.yaml")
+    try:
+        text = json.dumps(settings_)  # JSON is YAML; NaN / Infinity are written as the YAML reader sees them
+    except ValueError:
+        return
+    path.write_text(text.replace("NaN", ".nan").replace("-Infinity", "-.inf").replace("Infinity", ".inf")
+                    if path.suffix == ".yaml" else text)
+    try:
+        resolve_inputs({}, [path])
+    except UserError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 600
+
+
+def test_llamafactory_quantization_bits_other_than_4_or_8_are_refused(tmp_path):
+    path = tmp_path / "lf.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nfinetuning_type: lora\nquantization_bit: 3\n")
+    with pytest.raises(UserError, match=r"lf\.yaml: quantization_bit: 3 is not modelled"):
+        read_config(path)

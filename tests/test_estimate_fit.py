@@ -32,10 +32,13 @@ def test_unknown_gpu_and_vram():
     assert find_gpu("Radeon 7900") is None
     with pytest.raises(UserError):
         gpu_by_name("Radeon 7900")
-    assert gpu_from_vram("24GB").memory_bytes == 24_000_000_000
+    # the card-table convention: a '24 GB' card has 24 GiB, so 24GB and 24GiB are the same size
+    assert gpu_from_vram("24GB").memory_bytes == gpu_from_vram("24GiB").memory_bytes == 24 * 2**30
+    assert gpu_from_vram("24GB").memory_bytes >= gpu_by_name("RTX 4090").memory_bytes
     assert gpu_from_vram("22.5GiB").memory_bytes == int(22.5 * 2**30)
-    with pytest.raises(UserError):
-        gpu_from_vram("lots")
+    for bad in ("lots", "24", "0GB", "1e999GB", "-3GB", ""):
+        with pytest.raises(UserError):
+            gpu_from_vram(bad)
 
 
 def test_verdict_thresholds():

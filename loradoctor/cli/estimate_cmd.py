@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import typer
 
@@ -23,8 +24,8 @@ from loradoctor.errors import UserError
 RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("model", ("--model", "-m"), dict(metavar="ID|PATH", help="model folder, config.json, an id in the local HF cache, or a preset (e.g. meta-llama/Llama-3.1-8B)")),
     ("config", ("--config", "-c"), dict(metavar="FILE|DIR", action="append", type=Path, help="axolotl / LLaMA-Factory YAML, TrainingArguments JSON, adapter_config.json, or a folder (repeatable); options on the command line win")),
-    ("method", ("--method",), dict(help="full | lora | qlora (default lora)")),
-    ("quant", ("--quant",), dict(help="none | 8bit | nf4 | fp4 (qlora implies nf4)")),
+    ("method", ("--method",), dict(help="full | lora | qlora (default lora); lora on an nf4/fp4 base is estimated as qlora, and says so")),
+    ("quant", ("--quant",), dict(help="none | 8bit | nf4 | fp4 (qlora implies nf4; --method qlora --quant none is refused)")),
     ("double_quant", ("--double-quant",), dict(action=argparse.BooleanOptionalAction, help="bitsandbytes double quantization of the 4-bit scales")),
     ("rank", ("--rank", "-r"), dict(type=int, help="LoRA rank (default 8, as PEFT's LoraConfig)")),
     ("alpha", ("--alpha",), dict(type=int, help="LoRA alpha (default 8; does not change memory)")),
@@ -34,7 +35,7 @@ RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("batch", ("--batch", "-b"), dict(type=int, help="per-device micro-batch size (default 1)")),
     ("seq_len", ("--seq-len", "-s"), dict(type=int, help="longest sequence in a batch, tokens (default 2048)")),
     ("grad_accum", ("--grad-accum",), dict(type=int, help="gradient accumulation steps (does not change the peak)")),
-    ("gradient_checkpointing", ("--gradient-checkpointing",), dict(action=argparse.BooleanOptionalAction, help="activation checkpointing (default off, as in TrainingArguments)")),
+    ("gradient_checkpointing", ("--gradient-checkpointing",), dict(action=argparse.BooleanOptionalAction, help="activation checkpointing (default: on for QLoRA / a quantized base with --framework hf, as PEFT's prepare_model_for_kbit_training turns it on; off otherwise, as TrainingArguments); the output says which")),
     ("attn", ("--attn",), dict(help="eager | sdpa | flash_attention_2 (default sdpa)")),
     ("optim", ("--optim",), dict(help="adamw_torch, adamw_torch_fused, adamw_8bit, paged_adamw_8bit, paged_adamw_32bit, adafactor, sgd")),
     ("precision", ("--precision",), dict(help="bf16 | fp16 (mixed; PEFT keeps adapters fp32) | fp32 | bf16-true (everything bf16)")),
@@ -62,6 +63,37 @@ def resolve_from_options(kwargs: dict[str, Any]):
     return resolve_inputs(cli, kwargs.get("config") or [])
 
 
+def _quiet_on_broken_pipe() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _text_console() -> Any:
+    """The terminal console, except that a reader who stops early (`| head`) silences the rest instead of
+    rich's SystemExit(1): the verdict, not the pipe, decides the exit code."""
+    from loradoctor.render.terminal import console
+
+    con = console()
+
+    def on_broken_pipe() -> None:
+        con.quiet = True
+        _quiet_on_broken_pipe()
+
+    con.on_broken_pipe = on_broken_pipe
+    return con
+
+
+def _emit(write: Callable[[], None]) -> None:
+    """Run `write` (the rendering) and flush. On a broken pipe the rest of the output goes to /dev/null and
+    the command still exits with the verdict's code (0 go / fits, 1 will fail), not 1 for any broken pipe."""
+    try:
+        write()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_on_broken_pipe()
+
+
 def _check_format(fmt: str) -> None:
     if fmt not in ("text", "json"):
         raise UserError(f"--format must be text or json, not {fmt!r}")
@@ -71,11 +103,14 @@ def _check_format(fmt: str) -> None:
 
 def _estimate(**kw: Any) -> None:
     """Predict peak GPU memory of a LoRA / QLoRA / full fine-tuning run: a breakdown per component, a band,
-    a verdict against a card (--gpu / --vram) and what to change first. Exit 0; 1 when it does not fit
-    the given card; 2 bad usage."""
+    a verdict against a card (--gpu / --vram: its memory, and for a named card its bf16 / FlashAttention 2 /
+    fp8 support) and what to change first. Exit 0; 1 when it does not fit the given card or the card
+    cannot run it as configured; 2 bad usage."""
     from loradoctor.estimate.fit import fit as fit_run
     from loradoctor.estimate.inputs import assumed, gpu_budget
     from loradoctor.estimate.memory import estimate
+
+    from loradoctor.estimate.cards import unsupported
 
     fmt = kw["fmt"]
     _check_format(fmt)
@@ -83,23 +118,23 @@ def _estimate(**kw: Any) -> None:
     est = estimate(inputs)
     gpu = gpu_budget(kw.get("gpu"), kw.get("vram"))
     result = fit_run(est.inputs, est, gpu, what_if=kw.get("what_if", True)) if gpu is not None else None
+    problems = unsupported(est.inputs, gpu) if gpu is not None else []
     if fmt == "json":
         from loradoctor.render.estimate_view import estimate_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(estimate_document(est, result, provenance)))
+        _emit(lambda: typer.echo(dumps(estimate_document(est, result, provenance, problems))))
     else:
         from loradoctor.render.estimate_view import print_estimate
-        from loradoctor.render.terminal import console
 
-        print_estimate(console(), est, result, provenance, assumed(provenance, est.inputs.method))
-    if result is not None and result.verdict == "does not fit":
+        _emit(lambda: print_estimate(_text_console(), est, result, provenance, assumed(provenance, est.inputs.method), problems))
+    if result is not None and (result.verdict == "does not fit" or problems):
         raise typer.Exit(1)
 
 
 ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (e.g. 'RTX 4090', A100-80GB, T4; see loradoctor/data/gpus.yaml), or 'local[:INDEX]' for the free memory of a GPU here now")),
-    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory, e.g. 24GB or 22.5GiB")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card, its memory and features (e.g. 'RTX 4090', 'A100 80GB', T4; the card table is loradoctor/data/gpus.yaml); a name that is several cards (A100, V100, A6000, 4060 Ti) asks for the variant. 'local[:INDEX]': the free memory of a GPU here now")),
+    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory; a unit is required: 24GB and 24GiB both mean 24 x 2^30 bytes, as cards are labelled (a '24 GB' RTX 4090 has 24 GiB)")),
     ("what_if", ("--what-if",), dict(action=argparse.BooleanOptionalAction, default=True, help="search the largest batch / longest sequence and rank the fixes (default on)")),
     FORMAT_OPTION,
 ]
@@ -107,86 +142,24 @@ ESTIMATE_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
 
 # --- preflight -----------------------------------------------------------------------------------
 
-def _requested_features(inputs: Any) -> list[str]:
-    feats = []
-    if inputs.precision.startswith("bf16"):
-        feats.append("bf16")
-    if inputs.precision.startswith("fp16"):
-        feats.append("fp16")
-    if inputs.attn == "flash_attention_2":
-        feats.append("flash-attn")
-    if inputs.quant != "none" or "8bit" in inputs.optim or "paged" in inputs.optim:
-        feats.append("bnb")
-    return feats
-
-
-def _gpu_index(explicit: Optional[int]) -> "int | str":
-    """The GPU the run will use: --gpu-index, else the first of CUDA_VISIBLE_DEVICES (an NVML index or a
-    GPU UUID), else 0."""
-    if explicit is not None:
-        return explicit
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.isdigit():
-        return int(first)
-    if first.startswith(("GPU-", "MIG-")):
-        return first
-    return 0
-
-
-def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str", gpu_override: Any = None) -> dict[str, Any]:
-    """Pure core of preflight: env findings + the estimate against the free memory of the GPU in the snapshot.
-    Returns {go, reason, first_fix, findings, estimate, fit}."""
-    from loradoctor.env.checks import run_checks
-    from loradoctor.estimate.fit import fit as fit_run, gpu_from_snapshot
-    from loradoctor.estimate.memory import estimate
-    from loradoctor.findings import assign_ranks
-
-    snap = dict(snapshot)
-    feats = _requested_features(inputs)
-    if feats:
-        prev = snap.get("requested") if isinstance(snap.get("requested"), dict) else {}
-        snap["requested"] = {"features": sorted(set(list(prev.get("features") or []) + feats)), "source": "preflight (run config)"}
-    findings = assign_ranks(run_checks(snap))
-    est = estimate(inputs)
-    gpu = gpu_override or gpu_from_snapshot(snap, gpu_index)
-    result = fit_run(est.inputs, est, gpu, what_if=True) if gpu is not None else None
-    errors = [f for f in findings if f.severity == "error"]
-    go, reason, first_fix = True, "", ""
-    if errors:
-        top = errors[0]
-        go = False
-        reason = f"{top.title} ({top.cause})"
-        if top.fixes:
-            first_fix = top.fixes[0].command or top.fixes[0].text
-    elif result is None:
-        go = False
-        reason = "no GPU visible to judge the memory against (nvidia section missing or failed)"
-        first_fix = "loradoctor env"
-    elif result.verdict == "does not fit":
-        go = False
-        reason = (f"needs about {est.device_used_bytes / 2**30:.2f} GiB, {result.gpu.name} has "
-                  f"{result.gpu.memory_bytes / 2**30:.2f} GiB: it will run out of memory")
-        fitting = [c for c in result.advice if c.fits]
-        pick = fitting[0] if fitting else (max(result.advice, key=lambda c: c.saves_bytes) if result.advice else None)
-        if pick is not None:
-            first_fix = f"{pick.text} ({pick.option}), saves {pick.saves_bytes / 2**30:.2f} GiB"
-    if go:
-        if result is not None and result.verdict == "tight":
-            reason = (f"the run should start; memory is tight ({result.headroom_bytes / 2**30:.2f} GiB headroom "
-                      f"on {result.gpu.name}, the band reaches {est.band[1] / 2**30:.2f} GiB)")
-        else:
-            room = f"{result.headroom_bytes / 2**30:.2f} GiB headroom on {result.gpu.name}" if result else ""
-            reason = f"the run can start; {room}"
-    return {"go": go, "reason": reason, "first_fix": first_fix, "findings": findings, "estimate": est, "fit": result}
-
-
 def _preflight(**kw: Any) -> None:
     """Quick environment checks + the memory estimate against the GPU this run will use (its free memory now,
-    other processes included). One screen. Exit 0 the run can start, 1 it will fail (with the reason and
-    the first fix), 2 bad usage. Put it before `python train.py`."""
+    other processes included) + the card's features (bf16, FlashAttention 2). One screen. Exit 0 the run can
+    start, 1 it will fail or cannot be judged here (no usable GPU: pass --gpu NAME to judge a card instead;
+    the verdict then says so), 2 bad usage. Put it before `python train.py`."""
+    from loradoctor.estimate.preflight import gpu_index_for_run, run_preflight
+
     fmt = kw["fmt"]
     _check_format(fmt)
+    if kw.get("gpu_index") is not None and (kw.get("gpu") or kw.get("vram")):
+        raise UserError("--gpu-index picks a GPU on this machine; --gpu / --vram judge another card: pass one of them")
+    if kw.get("gpu") and kw["gpu"].strip().lower().split(":")[0] == "local":
+        raise UserError("preflight already judges the local GPU: drop --gpu local (use --gpu-index N to pick one)")
+    gpu_index = gpu_index_for_run(kw.get("gpu_index"))
     inputs, provenance = resolve_from_options(kw)
+    from loradoctor.estimate.inputs import gpu_budget
+
+    override = gpu_budget(kw.get("gpu"), kw.get("vram"))
     snap_path = kw.get("snapshot")
     if snap_path:
         from loradoctor.env.snapshot import load_snapshot
@@ -198,28 +171,23 @@ def _preflight(**kw: Any) -> None:
         except ImportError as exc:  # pragma: no cover - the env package is part of loradoctor
             raise UserError(f"environment probes unavailable: {exc}") from None
         snapshot = collect_snapshot(quick=True)
-    from loradoctor.estimate.inputs import gpu_budget
-
-    override = gpu_budget(kw.get("gpu"), kw.get("vram"))
-    out = run_preflight(inputs, snapshot, _gpu_index(kw.get("gpu_index")), override)
+    out = run_preflight(inputs, snapshot, gpu_index, override, index_given=kw.get("gpu_index") is not None)
     if fmt == "json":
         from loradoctor.render.estimate_view import preflight_document
         from loradoctor.render.json import dumps
 
-        typer.echo(dumps(preflight_document(out["estimate"], out["fit"], provenance, out["findings"], out["go"],
-                                            out["reason"], out["first_fix"])))
+        _emit(lambda: typer.echo(dumps(preflight_document(out, provenance))))
     else:
         from loradoctor.render.estimate_view import print_preflight
-        from loradoctor.render.terminal import console
 
-        print_preflight(console(), out["estimate"], out["fit"], out["findings"], out["go"], out["reason"], out["first_fix"])
-    raise typer.Exit(0 if out["go"] else 1)
+        _emit(lambda: print_preflight(_text_console(), out, provenance))
+    raise typer.Exit(0 if out.go else 1)
 
 
 PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
-    ("gpu_index", ("--gpu-index",), dict(type=int, help="which GPU the run uses (default: first of CUDA_VISIBLE_DEVICES, else 0)")),
-    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card's full memory instead of the free memory now")),
-    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory instead of the free memory now")),
+    ("gpu_index", ("--gpu-index",), dict(type=int, metavar="N", help="which GPU here the run uses, as nvidia-smi numbers them (default: first of CUDA_VISIBLE_DEVICES, else 0)")),
+    ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (its full memory and its features) instead of this machine's GPU; the verdict says so. Works on a machine without a GPU")),
+    ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory instead of this machine's GPU; a unit is required: 24GB and 24GiB both mean 24 x 2^30 bytes, as cards are labelled")),
     ("snapshot", ("--snapshot",), dict(metavar="FILE", help=argparse.SUPPRESS)),  # a saved env snapshot (tests, remote machines)
     FORMAT_OPTION,
 ]

@@ -7,7 +7,6 @@ counts, LoRA parameter counts and quantized sizes all come from one table.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -200,10 +199,9 @@ def arch_from_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    from loradoctor.safe_yaml import load_json  # size, encoding and depth limits; one line naming the file
+
+    data = load_json(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: not a JSON object")
     return data

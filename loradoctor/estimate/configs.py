@@ -11,7 +11,9 @@ them and defaults fill the rest.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from loradoctor.errors import UserError
@@ -109,6 +111,8 @@ def read_llamafactory(cfg: dict[str, Any]) -> dict[str, Any]:
         out["double_quant"] = _truthy(cfg.get("double_quantization", True))
     elif qbit is not None and int(qbit) == 8:
         out["quant"] = "8bit"
+    elif qbit is not None:  # 2/3/5/6 bits are HQQ / EETQ / AQLM back-ends: another memory layout
+        raise ConfigValueError(f"quantization_bit: {qbit} is not modelled (bitsandbytes 4 or 8 bit only)")
     rank = cfg.get("lora_rank")
     _put(out, "rank", rank)
     alpha = cfg.get("lora_alpha")
@@ -173,19 +177,10 @@ def read_adapter_config(cfg: dict[str, Any]) -> dict[str, Any]:
 # --- dispatch ------------------------------------------------------------------------------------
 
 def _load(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        if path.suffix.lower() == ".json":
-            return json.loads(text)
-        import yaml
+    """The file's data through the safe reader (size, encoding and alias limits; one line naming the file)."""
+    from loradoctor.safe_yaml import load_config_file
 
-        return yaml.safe_load(text)
-    except Exception as exc:  # yaml/json errors: one line for the user
-        raise UserError(f"{path}: not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
-                        f"{str(exc).splitlines()[0]}") from None
+    return load_config_file(path)
 
 
 def detect_format(data: dict[str, Any]) -> Optional[str]:
@@ -200,6 +195,136 @@ def detect_format(data: dict[str, Any]) -> Optional[str]:
     if keys & {"per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim"}:
         return "training_args"
     return None
+
+
+# --- values: checked before a reader uses them --------------------------------------------------
+
+# The keys each format's reader uses: file key -> (option, kind, low, high). A value of the wrong type or
+# out of bounds is refused with one line naming the file, the key and the value; a reader never sees
+# it. The option names also give the advice its spelling in the framework's own words (FIX_SPELLING).
+# kinds: int (a whole number), number (finite), fraction ([low, high)), text, names (a string or a list
+# of strings), flag (true/false; strings such as 'auto' are the framework's business), mapping.
+MAX_COUNT = 1_000_000  # batch, accumulation: more is a typo
+MAX_TOKENS = 10_000_000  # sequence length
+MAX_RANK = 100_000
+FIELDS: dict[str, dict[str, tuple[str, str, float, float]]] = {
+    "axolotl": {
+        "base_model": ("model", "text", 0, 0), "adapter": ("method", "text", 0, 0),
+        "load_in_4bit": ("quant", "flag", 0, 0), "load_in_8bit": ("quant", "flag", 0, 0),
+        "lora_r": ("rank", "int", 1, MAX_RANK), "lora_alpha": ("alpha", "number", 0, 1e7),
+        "lora_dropout": ("dropout", "fraction", 0, 1), "lora_target_linear": ("targets", "flag", 0, 0),
+        "lora_target_modules": ("targets", "names", 0, 0), "lora_modules_to_save": ("modules_to_save", "names", 0, 0),
+        "micro_batch_size": ("batch", "int", 1, MAX_COUNT), "sequence_len": ("seq_len", "int", 1, MAX_TOKENS),
+        "gradient_accumulation_steps": ("grad_accum", "int", 1, MAX_COUNT),
+        "gradient_checkpointing": ("gradient_checkpointing", "flag", 0, 0),
+        "flash_attention": ("attn", "flag", 0, 0), "sdp_attention": ("attn", "flag", 0, 0),
+        "eager_attention": ("attn", "flag", 0, 0), "optimizer": ("optim", "text", 0, 0),
+        "bf16": ("precision", "flag", 0, 0), "fp16": ("precision", "flag", 0, 0),
+    },
+    "llamafactory": {
+        "model_name_or_path": ("model", "text", 0, 0), "finetuning_type": ("method", "text", 0, 0),
+        "quantization_bit": ("quant", "int", 1, 8), "quantization_type": ("quant", "text", 0, 0),
+        "double_quantization": ("double_quant", "flag", 0, 0),
+        "lora_rank": ("rank", "int", 1, MAX_RANK), "lora_alpha": ("alpha", "number", 0, 1e7),
+        "lora_dropout": ("dropout", "fraction", 0, 1), "lora_target": ("targets", "names", 0, 0),
+        "additional_target": ("modules_to_save", "names", 0, 0),
+        "per_device_train_batch_size": ("batch", "int", 1, MAX_COUNT), "cutoff_len": ("seq_len", "int", 1, MAX_TOKENS),
+        "gradient_accumulation_steps": ("grad_accum", "int", 1, MAX_COUNT),
+        "disable_gradient_checkpointing": ("gradient_checkpointing", "flag", 0, 0),
+        "flash_attn": ("attn", "text", 0, 0), "optim": ("optim", "text", 0, 0),
+        "bf16": ("precision", "flag", 0, 0), "fp16": ("precision", "flag", 0, 0), "pure_bf16": ("precision", "flag", 0, 0),
+    },
+    "training_args": {
+        "model_name_or_path": ("model", "text", 0, 0),
+        "per_device_train_batch_size": ("batch", "int", 1, MAX_COUNT),
+        "gradient_accumulation_steps": ("grad_accum", "int", 1, MAX_COUNT),
+        "max_length": ("seq_len", "int", 1, MAX_TOKENS), "max_seq_length": ("seq_len", "int", 1, MAX_TOKENS),
+        "gradient_checkpointing": ("gradient_checkpointing", "flag", 0, 0), "optim": ("optim", "text", 0, 0),
+        "bf16": ("precision", "flag", 0, 0), "fp16": ("precision", "flag", 0, 0),
+        "model_init_kwargs": ("attn", "mapping", 0, 0),
+    },
+    "adapter_config": {
+        "peft_type": ("method", "text", 0, 0), "base_model_name_or_path": ("model", "text", 0, 0),
+        "r": ("rank", "int", 1, MAX_RANK), "lora_alpha": ("alpha", "number", 0, 1e7),
+        "lora_dropout": ("dropout", "fraction", 0, 1), "target_modules": ("targets", "names", 0, 0),
+        "modules_to_save": ("modules_to_save", "names", 0, 0),
+    },
+}
+_NAME_CHARS = 200  # a value quoted in an error is cut to this
+
+
+class BadConfigValue(UserError):
+    """A recognised config with a value that cannot be used (never skipped, even inside a folder)."""
+
+
+class ConfigValueError(ValueError):
+    """A value in a config file that the estimate cannot use; `str()` is the user's one line without the file."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else (
+        str(value) if len(str(value)) <= 40 else f"a {len(str(value))}-digit number")
+    return text if len(text) <= _NAME_CHARS else text[: _NAME_CHARS - 3] + "..."
+
+
+def _bounds(low: float, high: float) -> str:
+    return f"{low:,.0f} to {high:,.0f}"
+
+
+def check_value(key: str, value: Any, kind: str, low: float = 0, high: float = 0) -> Any:
+    """The value as the reader expects it (whole numbers as int), or ConfigValueError naming the key."""
+    if kind == "int":
+        number: Any = value
+        if isinstance(value, str) and value.strip().lstrip("+").isdigit() and len(value.strip()) <= 20:
+            number = int(value.strip())
+        elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            number = int(value)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise ConfigValueError(f"{key}: {_shown(value)} is not a whole number (expected {_bounds(low, high)})")
+        if not low <= number <= high:
+            raise ConfigValueError(f"{key}: {_shown(value)} is out of range (expected {_bounds(low, high)})")
+        return number
+    if kind in ("number", "fraction"):
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value) if len(value) <= 40 else None
+            except ValueError:
+                number = None
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise ConfigValueError(f"{key}: {_shown(value)} is not a finite number")
+        inside = low <= number < high if kind == "fraction" else low <= number <= high
+        if not inside:
+            span = f"at least {low:g} and below {high:g}" if kind == "fraction" else f"{low:g} to {high:g}"
+            raise ConfigValueError(f"{key}: {_shown(value)} is out of range (expected {span})")
+        return number
+    if kind == "text":
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ConfigValueError(f"{key}: {_shown(value)} should be a single name, not a {type(value).__name__}")
+        return value
+    if kind == "names":
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise ConfigValueError(f"{key}: {_shown(value)} should be a name or a list of names")
+        return value
+    if kind == "flag":
+        if isinstance(value, (list, dict)) or (isinstance(value, float) and not math.isfinite(value)):
+            raise ConfigValueError(f"{key}: {_shown(value)} should be true or false")
+        return value
+    if kind == "mapping":
+        if not isinstance(value, dict):
+            raise ConfigValueError(f"{key}: {_shown(value)} should be a mapping")
+        return value
+    raise AssertionError(kind)  # pragma: no cover - FIELDS uses the kinds above
+
+
+def checked(fmt: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the file's settings with every key the reader uses checked and normalised."""
+    out = dict(data)
+    for key, (_, kind, low, high) in FIELDS.get(fmt, {}).items():
+        if out.get(key) is not None:
+            out[key] = check_value(key, out[key], kind, low, high)
+    return out
 
 
 READERS = {
@@ -219,9 +344,11 @@ def read_config(path: Path) -> tuple[str, dict[str, Any]]:
     if fmt is None:
         raise UserError(f"{path}: not an axolotl / LLaMA-Factory YAML, TrainingArguments JSON or adapter_config.json")
     try:
-        return fmt, READERS[fmt](data)
+        return fmt, READERS[fmt](checked(fmt, data))
+    except ConfigValueError as exc:
+        raise BadConfigValue(f"{path}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise UserError(f"{path}: bad value in a {fmt} config: {exc}") from None
+        raise UserError(f"{path}: bad value in a {fmt} config: {str(exc)[:_NAME_CHARS]}") from None
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -230,11 +357,31 @@ SKIP_NAMES = ("config.json", "tokenizer_config.json", "generation_config.json", 
               "tokenizer.json", "trainer_state.json")
 
 
-def read_configs(paths: Iterable[Path]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
-    """Merge several files / folders in order (later files win). Returns ([(path, format)], options).
-    A folder contributes its training configs; its config.json makes the folder the model."""
-    merged: dict[str, Any] = {}
-    seen: list[tuple[str, str]] = []
+@dataclass
+class ConfigSettings:
+    """What the config files say, merged in order (a later file wins), with where each value came from
+    and every disagreement between files (the person should know which file won)."""
+
+    files: list[tuple[str, str]] = field(default_factory=list)  # (path, format) in reading order
+    values: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, tuple[str, str]] = field(default_factory=dict)  # option -> (path, format) that set it
+    conflicts: list[str] = field(default_factory=list)
+
+    def take(self, path: str, fmt: str, opts: dict[str, Any]) -> None:
+        self.files.append((path, fmt))
+        for key, value in opts.items():
+            if key in self.values and self.values[key] != value and self.origin[key][0] != path:
+                before = self.origin[key][0]
+                self.conflicts.append(f"{key}: {_shown(self.values[key])} in {Path(before).name}, {_shown(value)} in "
+                                      f"{Path(path).name}; {Path(path).name} wins (the later --config)")
+            self.values[key] = value
+            self.origin[key] = (path, fmt)
+
+
+def read_config_settings(paths: Iterable[Path]) -> ConfigSettings:
+    """Read several files / folders in order (later files win). A folder contributes its training configs;
+    its config.json makes the folder the model."""
+    out = ConfigSettings()
     for p in paths:
         p = Path(p).expanduser()
         if p.is_dir():
@@ -243,20 +390,121 @@ def read_configs(paths: Iterable[Path]) -> tuple[list[tuple[str, str]], dict[str
             for f in files:
                 try:
                     fmt, opts = read_config(f)
+                except BadConfigValue:
+                    raise
                 except UserError:
                     continue  # other files in a checkpoint folder
-                seen.append((str(f), fmt))
-                merged.update(opts)
+                out.take(str(f), fmt, opts)
                 found = True
             if (p / "config.json").is_file():
-                merged.setdefault("model", str(p))
+                if "model" not in out.values:
+                    out.values["model"] = str(p)
+                    out.origin["model"] = (str(p), "model folder")
                 found = True
             if not found:
                 raise UserError(f"{p}: no training config found (axolotl/LLaMA-Factory YAML, TrainingArguments JSON, adapter_config.json)")
-        elif p.is_file():
+        elif p.exists():
             fmt, opts = read_config(p)
-            seen.append((str(p), fmt))
-            merged.update(opts)
+            out.take(str(p), fmt, opts)
         else:
             raise UserError(f"--config {p}: no such file or folder")
-    return seen, merged
+    return out
+
+
+def read_configs(paths: Iterable[Path]) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """([(path, format)], merged options): `read_config_settings` without the sources."""
+    settings = read_config_settings(paths)
+    return settings.files, settings.values
+
+
+# --- fixes in the framework's own words ------------------------------------------------------------
+
+# command-line change -> the same change as a line of the config format. Keys: (flag, value) for a
+# value with its own spelling, (flag, None) for any value ({v} is the value). A change with no spelling
+# in a format (double quant in axolotl, which always double-quantizes 4-bit loads) keeps its flag.
+FIX_SPELLING: dict[str, dict[tuple[str, Optional[str]], str]] = {
+    "axolotl": {
+        ("--gradient-checkpointing", None): "gradient_checkpointing: true",
+        ("--attn", "flash_attention_2"): "flash_attention: true", ("--attn", "sdpa"): "sdp_attention: true",
+        ("--attn", "eager"): "flash_attention: false",
+        ("--optim", None): "optimizer: {v}", ("--batch", None): "micro_batch_size: {v}",
+        ("--grad-accum", None): "gradient_accumulation_steps: {v}", ("--seq-len", None): "sequence_len: {v}",
+        ("--method", "lora"): "adapter: lora", ("--method", "qlora"): "adapter: qlora", ("--quant", "nf4"): "load_in_4bit: true",
+        ("--targets", "all-linear"): "lora_target_linear: true", ("--targets", None): "lora_target_modules: [{v}]",
+        ("--modules-to-save", ""): "lora_modules_to_save: []",
+        ("--precision", "fp16"): "bf16: false, fp16: true", ("--precision", "bf16"): "bf16: true",
+    },
+    "llamafactory": {
+        ("--gradient-checkpointing", None): "disable_gradient_checkpointing: false",
+        ("--attn", "flash_attention_2"): "flash_attn: fa2", ("--attn", "sdpa"): "flash_attn: sdpa",
+        ("--attn", "eager"): "flash_attn: disabled",
+        ("--optim", None): "optim: {v}", ("--batch", None): "per_device_train_batch_size: {v}",
+        ("--grad-accum", None): "gradient_accumulation_steps: {v}", ("--seq-len", None): "cutoff_len: {v}",
+        ("--method", "lora"): "finetuning_type: lora", ("--method", "qlora"): "quantization_bit: 4",
+        ("--quant", "nf4"): "quantization_bit: 4", ("--double-quant", None): "double_quantization: true",
+        ("--targets", "all-linear"): "lora_target: all", ("--targets", None): "lora_target: {v}",
+        ("--modules-to-save", ""): "additional_target: null",
+        ("--precision", "fp16"): "bf16: false, fp16: true", ("--precision", "bf16"): "bf16: true",
+        ("--precision", "fp16-true"): "pure_bf16: false, fp16: true",
+    },
+    "training_args": {
+        ("--gradient-checkpointing", None): '"gradient_checkpointing": true',
+        ("--attn", None): '"model_init_kwargs": {{"attn_implementation": "{v}"}}',
+        ("--optim", None): '"optim": "{v}"', ("--batch", None): '"per_device_train_batch_size": {v}',
+        ("--grad-accum", None): '"gradient_accumulation_steps": {v}', ("--seq-len", None): '"max_length": {v}',
+        ("--precision", "fp16"): '"bf16": false, "fp16": true', ("--precision", "bf16"): '"bf16": true',
+    },
+    "adapter_config": {
+        ("--targets", "all-linear"): '"target_modules": "all-linear"', ("--targets", None): '"target_modules": {vl}',
+        ("--modules-to-save", ""): '"modules_to_save": null',
+    },
+}
+# the option (EstimateInputs field) each flag changes: which config set it decides the spelling
+FLAG_OPTION = {"--gradient-checkpointing": "gradient_checkpointing", "--attn": "attn", "--optim": "optim",
+               "--batch": "batch", "--grad-accum": "grad_accum", "--seq-len": "seq_len", "--method": "method",
+               "--quant": "quant", "--double-quant": "double_quant", "--targets": "targets",
+               "--modules-to-save": "modules_to_save", "--precision": "precision"}
+
+
+def _flag_values(option: str) -> list[tuple[str, Optional[str]]]:
+    import shlex
+
+    try:
+        words = shlex.split(option)
+    except ValueError:
+        return []
+    out: list[tuple[str, Optional[str]]] = []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+            out.append((word, value))
+    return out
+
+
+def spell_fix(option: str, fmt_for: "dict[str, str]", default_fmt: str) -> Optional[tuple[str, set[str]]]:
+    """A command-line change ('--batch 1 --grad-accum 8') as config lines ('micro_batch_size: 1,
+    gradient_accumulation_steps: 8') and the formats used: each flag in the format of the config that set
+    that option (`fmt_for`: option -> format), else `default_fmt`. None when no flag has a spelling there."""
+    parts: list[str] = []
+    used: set[str] = set()
+    spelled = False
+    for flag, value in _flag_values(option):
+        fmt = fmt_for.get(FLAG_OPTION.get(flag, ""), default_fmt)
+        table = FIX_SPELLING.get(fmt, {})
+        line = table.get((flag, value)) or table.get((flag, None))
+        if line is None and fmt != default_fmt:
+            fmt, table = default_fmt, FIX_SPELLING.get(default_fmt, {})
+            line = table.get((flag, value)) or table.get((flag, None))
+        if line is None:
+            if flag == "--double-quant" and "axolotl" in (fmt, default_fmt):
+                continue  # axolotl double-quantizes 4-bit loads itself
+            parts.append(f"{flag} {value}" if value is not None else flag)
+            continue
+        spelled = True
+        used.add(fmt)
+        names = [v.strip() for v in (value or "").split(",") if v.strip()]
+        shown = ", ".join(names) if flag == "--targets" else value
+        text = line.format(v=shown, vl=json.dumps(names))
+        if text not in parts:
+            parts.append(text)
+    return (", ".join(parts), used) if spelled else None

@@ -100,6 +100,8 @@ def _key(text: str) -> str:
 def find_gpu(name: str) -> Optional[str]:
     """Loose match: exact key/alias after dropping vendor words, spaces and dashes; else the longest table
     name contained in the query (so 'NVIDIA A100-SXM4-40GB' finds 'A100 40GB')."""
+    from loradoctor.estimate.cards import variants
+
     want = _key(name)
     if not want:
         return None
@@ -107,6 +109,8 @@ def find_gpu(name: str) -> Optional[str]:
     for card, spec in table.items():
         if want == _key(card) or any(want == _key(a) for a in spec.get("aliases") or []):
             return card
+    if variants(name):
+        return None  # 'A100' is two cards: gpu_by_name asks which
     best: Optional[tuple[int, str]] = None
     for card, spec in table.items():
         for cand in [card] + list(spec.get("aliases") or []):
@@ -117,7 +121,11 @@ def find_gpu(name: str) -> Optional[str]:
 
 
 def gpu_by_name(name: str) -> Gpu:
+    from loradoctor.estimate.cards import ambiguous_error, variants
+
     card = find_gpu(name)
+    if card is None and variants(name):
+        raise ambiguous_error(name, variants(name))
     if card is None:
         raise UserError(f"unknown GPU {name!r}; known cards: {', '.join(gpu_table())} (or pass --vram 24GB)")
     spec = gpu_table()[card]
@@ -126,14 +134,9 @@ def gpu_by_name(name: str) -> Gpu:
 
 
 def gpu_from_vram(text: str) -> Gpu:
-    from loradoctor.units import parse_size
+    from loradoctor.estimate.cards import parse_vram
 
-    try:
-        size = parse_size(text, default_unit="gb")
-    except ValueError as exc:
-        raise UserError(f"--vram: {exc}") from None
-    if size <= 0:
-        raise UserError("--vram must be positive")
+    size = parse_vram(text)  # 24GB = 24GiB, as cards are labelled
     return Gpu(name=f"{text.strip()} card", memory_bytes=size, source="vram")
 
 
@@ -207,13 +210,10 @@ def max_seq_len(inp: EstimateInputs, budget: int, step: int = 64, limit_tokens: 
 
 
 def card_warnings(inp: EstimateInputs, gpu: Gpu) -> list[str]:
-    """What this card cannot do as configured (pre-Ampere: no bf16, no FlashAttention-2)."""
-    out = []
-    if gpu.bf16 is False and inp.precision.startswith("bf16"):
-        out.append(f"{gpu.name} has no native bf16: use --precision fp16 (same memory)")
-    if gpu.flash_attn_ok is False and inp.attn == "flash_attention_2":
-        out.append(f"FlashAttention-2 needs an Ampere or newer GPU; {gpu.name} is sm{gpu.compute_capability}: use sdpa")
-    return out
+    """What this card cannot do as configured (bf16, FlashAttention 2, fp8), with what to use instead."""
+    from loradoctor.estimate.cards import unsupported
+
+    return [u.text for u in unsupported(inp, gpu)]
 
 
 def candidate_changes(inp: EstimateInputs, gpu: Optional[Gpu] = None) -> list[tuple[str, str, Callable[[EstimateInputs], EstimateInputs]]]:

@@ -43,23 +43,88 @@ def _listify(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[EstimateInputs, dict[str, str]]:
+class Provenance(dict):
+    """option -> where its value came from ('command line', 'config: FILE (format)', 'default', or
+    'default: why'); a dict, so it is the JSON document's `provenance` as it stands. Also carries
+    what the person should read about the inputs: disagreements between config files (`conflicts`),
+    what was inferred from a combination (`notes`), and the config files read (`configs`)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.conflicts: list[str] = []
+        self.notes: list[str] = []
+        self.configs: list[tuple[str, str]] = []  # (path, format)
+        self.origin: dict[str, tuple[str, str]] = {}  # option -> (path, format) of the config that set it
+
+
+# option -> (low, high) for whole numbers from the command line (config values are checked by configs.py)
+CLI_BOUNDS: dict[str, tuple[int, int]] = {"rank": (1, 100_000), "alpha": (0, 10_000_000), "batch": (1, 1_000_000),
+                                         "seq_len": (1, 10_000_000), "grad_accum": (1, 1_000_000)}
+
+
+def default_gradient_checkpointing(method: str, quant: str, framework: str,
+                                   config_formats: Iterable[str] = ()) -> tuple[bool, str]:
+    """What the framework does when nobody sets gradient checkpointing, and why (said in the output).
+    PEFT's prepare_model_for_kbit_training turns it on unless told otherwise; axolotl and TRL pass their own
+    (unset: off) gradient_checkpointing setting to it."""
+    formats = set(config_formats)
+    if framework != "hf":
+        return False, f"off, as {framework}"
+    if method != "qlora" and quant == "none":
+        return False, "off, as TrainingArguments"
+    if "axolotl" in formats:
+        return False, "off, as axolotl passes its unset gradient_checkpointing to prepare_model_for_kbit_training"
+    if "training_args" in formats:
+        return False, "off, as TrainingArguments (TRL passes it to prepare_model_for_kbit_training)"
+    return True, "on, as PEFT's prepare_model_for_kbit_training turns it on for a quantized base"
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _combination(values: dict[str, Any], source: Provenance) -> None:
+    """Method and quantization that contradict each other are refused; a combination that is another
+    method under a different name is stated."""
+    method = str(values["method"]).lower()
+    quant = str(values.get("quant") or "none").lower()
+    said = {k: ("the command line" if source.get(k) == "command line" else str(source.get(k, "default")))
+            for k in ("method", "quant")}
+    if method == "qlora" and quant == "none" and source.get("quant") != "default":
+        raise UserError(f"--method qlora loads the base in 4 bit, but --quant none (from {said['quant']}) says unquantized: "
+                        "use --method qlora --quant nf4 (or fp4), or --method lora for a bf16/fp16 base")
+    if method == "full" and quant != "none" and source.get("quant") != "default":
+        raise UserError(f"--method full trains every weight, which a {quant} base cannot do (from {said['quant']}): "
+                        "use --method qlora / lora, or --quant none")
+    if method == "lora" and quant in ("nf4", "fp4"):
+        values["method"] = "qlora"
+        source["method"] = f"{source.get('method', 'default')}; lora on a {quant} base is QLoRA"
+        source.notes.append(f"LoRA on a {quant} (4-bit) base is QLoRA: estimated as --method qlora --quant {quant}")
+
+
+def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[EstimateInputs, Provenance]:
     """Merge and validate. `cli` holds option values, None meaning 'not given'. Returns (inputs, provenance)."""
-    from loradoctor.estimate.configs import read_configs
+    from loradoctor.estimate.configs import read_config_settings
 
     values: dict[str, Any] = dict(DEFAULTS)
-    source: dict[str, str] = {k: "default" for k in DEFAULTS}
+    source = Provenance({k: "default" for k in DEFAULTS})
     configs = list(configs)
     if configs:
-        seen, from_files = read_configs(configs)
-        label = ", ".join(f"{Path(p).name} ({fmt})" for p, fmt in seen) or "config"
-        for key, value in from_files.items():
+        settings = read_config_settings(configs)
+        source.configs, source.conflicts = list(settings.files), list(settings.conflicts)
+        for key, value in settings.values.items():
+            path, fmt = settings.origin.get(key, ("config", "config"))
             values[key] = value
-            source[key] = f"config: {label}"
+            source[key] = f"config: {Path(path).name} ({fmt})"
+            source.origin[key] = (path, fmt)
     for key, value in cli.items():
         if key in INPUT_KEYS and value is not None:
+            if key in CLI_BOUNDS and isinstance(value, int) and not CLI_BOUNDS[key][0] <= value <= CLI_BOUNDS[key][1]:
+                low, high = CLI_BOUNDS[key]
+                raise UserError(f"{_flag(key)} {value}: expected {low:,} to {high:,}")
             values[key] = value
             source[key] = "command line"
+            source.origin.pop(key, None)
     model = values.get("model")
     if not model:
         raise UserError("no model: pass --model ID|PATH or a --config that names one (base_model / model_name_or_path)")
@@ -67,12 +132,19 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
     if source.get("targets") == "default" and arch.fused:
         values["targets"] = ["qkv_proj"]  # PEFT's default for fused-attention models (Phi-3)
     source["model"] = source.get("model", "default") + f" -> {arch.source}"
-    method = str(values["method"]).lower()
     quant = str(values.get("quant") or "none").lower()
     if quant in ("4bit", "bnb4", "int4"):
         quant = "nf4"
     if quant in ("int8", "8-bit", "llm.int8"):
         quant = "8bit"
+    values["quant"] = quant
+    _combination(values, source)
+    method = str(values["method"]).lower()
+    if source.get("gradient_checkpointing") == "default":
+        on, why = default_gradient_checkpointing(method, quant, str(values["framework"]).lower(),
+                                                 [fmt for _, fmt in source.configs])
+        values["gradient_checkpointing"] = on
+        source["gradient_checkpointing"] = f"default: {why}"
     rank = int(values["rank"])
     alpha = values.get("alpha") if values.get("alpha") is not None else rank
     try:
@@ -95,8 +167,8 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
             precision=str(values["precision"]).lower(),
             framework=str(values["framework"]).lower(),
         )
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"bad option value: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UserError(f"bad option value: {str(exc)[:200]}") from None
     if method != "full" and not inputs.targets:
         raise UserError("no LoRA target modules: pass --targets q_proj,v_proj or all-linear")
     from loradoctor.estimate.memory import validate
@@ -109,7 +181,14 @@ def assumed(source: dict[str, str], method: str = "lora") -> list[str]:
     keys = ["seq_len", "batch", "gradient_checkpointing", "attn", "optim", "precision"]
     if method != "full":
         keys += ["rank", "targets"]
-    return [k for k in keys if source.get(k) == "default"]
+    out = []
+    for k in keys:
+        said = str(source.get(k, ""))
+        if said == "default":
+            out.append(k)
+        elif said.startswith("default: "):
+            out.append(f"{k} ({said[len('default: '):]})")
+    return out
 
 
 def gpu_budget(gpu: Optional[str], vram: Optional[str]):
@@ -133,13 +212,17 @@ def local_gpu(spec: str = "local"):
     from loradoctor.estimate.fit import gpu_from_snapshot
 
     _, _, index_text = spec.partition(":")
-    try:
-        index = int(index_text) if index_text.strip() else 0
-    except ValueError:
-        raise UserError(f"--gpu {spec}: the index after 'local:' must be a number") from None
+    text = index_text.strip()
+    if text and not text.isdigit():
+        raise UserError(f"--gpu {spec}: the index after 'local:' must be 0 or more (the index nvidia-smi shows)")
+    index = int(text) if text else 0
     from loradoctor.env.probes import nvidia
 
     section = nvidia.probe(timeout_s=10.0)
+    listed = [g for g in (section.get("gpus") or []) if isinstance(g, dict)] if isinstance(section, dict) else []
+    if text and listed and not any(g.get("index") == index for g in listed):
+        have = ", ".join(str(g.get("index")) for g in listed)
+        raise UserError(f"--gpu {spec}: this machine has GPU {have}")
     gpu = gpu_from_snapshot({"nvidia": section}, index)
     if gpu is None:
         reason = section.get("error") if isinstance(section, dict) else None

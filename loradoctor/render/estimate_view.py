@@ -16,13 +16,49 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def estimate_document(est: Any, fit: Optional[Any], provenance: dict[str, str]) -> dict[str, Any]:
-    """The JSON document: schema, inputs, components (bytes), the three peaks, band, gpu, verdict, advice."""
+def config_fix(option: str, provenance: Any) -> Optional[str]:
+    """The advice's command-line change in the words of the config file(s) the inputs came from, as
+    'FILE: key: value, ...'; None when no config was read or none of the change has a spelling there."""
+    from pathlib import Path
+
+    from loradoctor.estimate.configs import spell_fix
+
+    configs = list(getattr(provenance, "configs", []) or [])
+    if not configs:
+        return None
+    origin = dict(getattr(provenance, "origin", {}) or {})
+    training = [c for c in configs if c[1] != "adapter_config"] or configs
+    main_fmt = training[-1][1]
+    spelled = spell_fix(option, {k: fmt for k, (_, fmt) in origin.items()}, main_fmt)
+    if spelled is None:
+        return None
+    text, formats = spelled
+    names = list(dict.fromkeys(Path(p).name for p, fmt in configs if fmt in formats))
+    return f"{', '.join(names)}: {text}"
+
+
+def input_notes(provenance: Any) -> list[str]:
+    """What the person should read about the inputs: config files that disagree (and which won), and
+    combinations that were read as something else."""
+    return list(getattr(provenance, "conflicts", []) or []) + list(getattr(provenance, "notes", []) or [])
+
+
+def estimate_document(est: Any, fit: Optional[Any], provenance: dict[str, str], unsupported: Any = ()) -> dict[str, Any]:
+    """The JSON document: schema, inputs, components (bytes), the three peaks, band, gpu, verdict, advice.
+    `verdict` is 'unsupported' when the card lacks a feature the run needs (`unsupported` lists them);
+    `memory_verdict` is the verdict on memory alone."""
     fit_d = fit.to_dict() if fit is not None else None
+    problems = [u.to_dict() for u in unsupported]
+    advice = fit_d["advice"] if fit_d else []
+    for item in advice:
+        spelled = config_fix(item["option"], provenance)
+        if spelled:
+            item["config"] = spelled
     return {
         "schema": ESTIMATE_SCHEMA,
         "inputs": est.inputs.to_dict(),
         "provenance": provenance,
+        "input_notes": input_notes(provenance),
         "trainable_params": est.trainable_params,
         "total_params": est.total_params,
         "components": dict(est.components),
@@ -32,11 +68,13 @@ def estimate_document(est: Any, fit: Optional[Any], provenance: dict[str, str]) 
         "band": list(est.band),
         "band_of": "device_used_bytes",
         "gpu": fit_d["gpu"] if fit_d else None,
-        "verdict": fit_d["verdict"] if fit_d else None,
+        "verdict": ("unsupported" if problems else fit_d["verdict"]) if fit_d else None,
+        "memory_verdict": fit_d["verdict"] if fit_d else None,
+        "unsupported": problems,
         "headroom_bytes": fit_d["headroom_bytes"] if fit_d else None,
         "max_batch": fit_d["max_batch"] if fit_d else None,
         "max_seq_len": fit_d["max_seq_len"] if fit_d else None,
-        "advice": fit_d["advice"] if fit_d else [],
+        "advice": advice,
         "notes": list(est.notes),
     }
 
@@ -56,7 +94,8 @@ def _inputs_line(est: Any) -> str:
     return " · ".join(parts)
 
 
-def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str, str], assumed: list[str]) -> None:
+def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str, str], assumed: list[str],
+                   unsupported: Any = ()) -> None:
     """The breakdown with bars, the three numbers and band, the verdict, the what-ifs and the advice."""
     from rich.markup import escape
     from rich.table import Table
@@ -66,7 +105,9 @@ def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str,
               f"{est.trainable_params:,} trainable · shapes from {escape(arch.source)}")
     con.print("   " + escape(_inputs_line(est)))
     if assumed:
-        con.print(f"   [yellow]assumed defaults:[/] {', '.join(assumed)} (pass them or --config to be exact)")
+        con.print(f"   [yellow]assumed defaults:[/] {escape(', '.join(assumed))} (pass them or --config to be exact)")
+    for note in input_notes(provenance):
+        con.print(f"   [yellow]note:[/] {escape(note)}")
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     table.add_column("component")
     table.add_column("GiB", justify="right")
@@ -91,9 +132,24 @@ def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str,
     style = VERDICT_STYLE.get(fit.verdict, "")
     head = fit.headroom_bytes
     room = f"{_gib(head)} headroom" if head >= 0 else f"short by {_gib(-head)}"
-    con.print(f"[{style}]{fit.verdict.upper()}[/] on {escape(fit.gpu.name)} ({_gib(fit.gpu.memory_bytes)}, {fit.gpu.source}): {room}")
-    for w in fit.warnings:
-        con.print(f"   [yellow]warning:[/] {escape(w)}")
+    card = f"{escape(fit.gpu.name)} ({_gib(fit.gpu.memory_bytes)}, {fit.gpu.source})"
+    if unsupported:
+        con.print(f"[bold red]CANNOT RUN AS CONFIGURED[/] on {card}; memory alone: [{style}]{fit.verdict}[/], {room}")
+        for u in unsupported:
+            con.print(f"   [red]unsupported:[/] {escape(u.text)}")
+        changes = " ".join(u.option for u in unsupported)
+        con.print(f"      [bold]{escape(changes)}[/]")
+        spelled = config_fix(changes, provenance)
+        if spelled:
+            con.print(f"      in {escape(spelled)}")
+    else:
+        con.print(f"[{style}]{fit.verdict.upper()}[/] on {card}: {room}")
+        if fit.gpu.source == "vram":
+            from loradoctor.estimate.cards import required_features
+
+            if required_features(est.inputs):
+                con.print("   [dim]note: --vram gives a size only: whether the card has bf16 / FlashAttention 2 was not "
+                          "checked (pass --gpu NAME for that)[/]")
     if fit.max_batch is not None or fit.max_seq_len is not None:
         mb = fit.max_batch if fit.max_batch is not None else "none (batch 1 does not fit)"
         ms = fit.max_seq_len if fit.max_seq_len is not None else "none"
@@ -105,27 +161,36 @@ def print_estimate(con: Any, est: Any, fit: Optional[Any], provenance: dict[str,
             mark = "[green]fits alone[/]" if c.fits else ("[green]fits with 1-%d[/]" % i if c.cumulative_bytes <= budget else "")
             con.print(f"   {i}. {escape(c.text)}: saves {_gib(c.saves_bytes)}; with 1-{i}: {_gib(c.cumulative_bytes)} {mark}")
             con.print(f"      [bold]{escape(c.option)}[/]")
+            spelled = config_fix(c.option, provenance)
+            if spelled:
+                con.print(f"      in {escape(spelled)}")
 
 
-def preflight_document(est: Any, fit: Any, provenance: dict[str, str], findings: list[Any], go: bool,
-                       reason: str, first_fix: str) -> dict[str, Any]:
+def preflight_document(out: Any, provenance: dict[str, str]) -> dict[str, Any]:
+    """`loradoctor.preflight/1`: go, reason, first_fix, judged_against ('' = this machine's GPU, its free
+    memory now), unsupported card features, env findings and the estimate document."""
+    est = out.estimate
     return {
         "schema": PREFLIGHT_SCHEMA,
-        "go": go,
-        "reason": reason,
-        "first_fix": first_fix,
-        "env_findings": [f.to_dict() for f in findings],
-        "estimate": estimate_document(est, fit, provenance) if est is not None else None,
+        "go": out.go,
+        "reason": out.reason,
+        "first_fix": out.first_fix,
+        "judged_against": out.judged_against,
+        "unsupported": [u.to_dict() for u in out.unsupported],
+        "notes": list(out.notes),
+        "env_findings": [f.to_dict() for f in out.findings],
+        "estimate": estimate_document(est, out.fit, provenance, out.unsupported) if est is not None else None,
     }
 
 
-def print_preflight(con: Any, est: Any, fit: Any, findings: list[Any], go: bool, reason: str, first_fix: str) -> None:
-    """One screen: env problems (errors first, one line each), the estimate vs free memory, go / no-go."""
+def print_preflight(con: Any, out: Any, provenance: Any = None) -> None:
+    """One screen: env problems (errors first, one line each), the estimate vs the GPU, go / no-go."""
     from rich.markup import escape
 
     from loradoctor.render.terminal import SEVERITY_STYLE
 
-    shown = [f for f in findings if f.severity in ("error", "warning")]
+    est, fit = out.estimate, out.fit
+    shown = [f for f in out.findings if f.severity in ("error", "warning")]
     if shown:
         con.print("[bold]environment[/]")
         for f in shown[:8]:
@@ -139,6 +204,14 @@ def print_preflight(con: Any, est: Any, fit: Any, findings: list[Any], go: bool,
         con.print("[bold]environment[/] [green]no problems found by the quick checks[/]")
     if est is not None:
         con.print(f"[bold]memory[/] {escape(est.inputs.arch.name)}: {escape(_inputs_line(est))}")
+        if provenance is not None:
+            from loradoctor.estimate.inputs import assumed
+
+            defaults = assumed(provenance, est.inputs.method)
+            if defaults:
+                con.print(f"   [yellow]assumed defaults:[/] {escape(', '.join(defaults))}")
+        for note in input_notes(provenance) + list(out.notes):
+            con.print(f"   [yellow]note:[/] {escape(note)}")
         low, high = est.band
         con.print(f"   needs {_gib(est.device_used_bytes)} (band {_gib(low)} - {_gib(high)})", end="")
         if fit is not None:
@@ -146,7 +219,12 @@ def print_preflight(con: Any, est: Any, fit: Any, findings: list[Any], go: bool,
             con.print(f"; {escape(fit.gpu.name)} has {_gib(fit.gpu.memory_bytes)} -> [{style}]{fit.verdict}[/]")
         else:
             con.print()
-    verdict = "[bold green]GO[/]" if go else "[bold red]NO GO[/]"
-    con.print(f"{verdict} {escape(reason)}")
-    if first_fix:
-        con.print(f"   first fix: [bold]{escape(first_fix)}[/]")
+        for u in out.unsupported:
+            con.print(f"   [red]unsupported:[/] {escape(u.text)}")
+    verdict = "[bold green]GO[/]" if out.go else "[bold red]NO GO[/]"
+    con.print(f"{verdict} {escape(out.reason)}")
+    if out.first_fix:
+        con.print(f"   first fix: [bold]{escape(out.first_fix)}[/]")
+        spelled = config_fix(out.fix_option, provenance) if out.fix_option else None
+        if spelled:
+            con.print(f"   in {escape(spelled)}")
