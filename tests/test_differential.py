@@ -10,7 +10,8 @@ import pytest
 
 from loradoctor.logs import differential
 from loradoctor.logs.rules import load_rules
-from loradoctor.render.explain_view import explain_json, explain_md
+from loradoctor.render.explain_view import explain_md
+from loradoctor.render.json import dumps
 
 from conftest import explain_text  # noqa: E402
 
@@ -47,19 +48,16 @@ def test_a_clear_verdict_does_not_list_a_ruled_out_look_alike(tmp_path):
 
 def test_the_differential_is_in_json_text_and_markdown(tmp_path):
     report = explain_text(tmp_path, AMBIGUOUS_OOM)
-    doc = json.loads(explain_json(report))
-    assert list(doc) == ["schema", "inputs", "findings"]
+    doc = json.loads(dumps(report.to_dict()))
+    assert {"schema", "status", "inputs", "findings"} <= set(doc)
     entry = doc["findings"][0]["differential"][0]
     assert {"cause", "confidence", "confidence_label", "rank", "tells_apart", "evidence"} <= set(entry)
     md = explain_md(report)
     assert "Could also be (the differential):" in md and entry["tells_apart"] in md
-    from rich.console import Console
+    from loradoctor.render.explain_view import explain_text as render_text
+    from loradoctor.render.text import Painter
 
-    from loradoctor.render.explain_view import print_explain
-
-    con = Console(record=True, width=200, color_system=None)
-    print_explain(con, report)
-    shown = con.export_text()
+    shown = render_text(report, Painter(color=False, width=200))
     assert "could also be" in shown and entry["tells_apart"] in shown
 
 

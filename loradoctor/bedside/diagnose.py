@@ -119,10 +119,6 @@ def check_leak(tl: Timeline) -> list[Finding]:
         s0, s1 = _num(first[0].get("step")), _num(last[0].get("step"))
         if s0 is not None and s1 is not None and s1 > s0:
             per = f", about {gib((last[1] - first[1]) / (s1 - s0) * 100)} per 100 steps"
-    reserved_only = False
-    if kind == "allocated":
-        reserved = [_num(r.get("reserved_bytes")) for r, _ in series]
-        reserved_only = False  # allocated itself rises: the tensors are held, not just cached
     crashed = _crashed(tl)
     full = card and max(values) >= 0.9 * card
     what = "allocated by PyTorch" if kind == "allocated" else "held on the GPU by this run"
@@ -143,7 +139,7 @@ def check_leak(tl: Timeline) -> list[Finding]:
                    "torch.cuda.memory._record_memory_history(max_entries=100000)")],
         area="oom",
     )
-    if kind == "gpu_used" and not reserved_only:
+    if kind == "gpu_used":
         f.summary += (" This is the memory NVML sees (allocated plus the allocator's cache); the cache can also grow "
                       "when sequence lengths vary. The callback's per-step allocated memory tells the two apart.")
     return [f]

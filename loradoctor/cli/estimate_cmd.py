@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -147,7 +145,8 @@ def _preflight(**kw: Any) -> int:
         except ImportError as exc:  # pragma: no cover - the env package is part of loradoctor
             raise UserError(f"environment probes unavailable: {exc}") from None
         snapshot = collect_snapshot(quick=True)
-    out = run_preflight(inputs, snapshot, gpu_index, override, index_given=kw.get("gpu_index") is not None)
+    out = run_preflight(inputs, snapshot, gpu_index, override, index_given=kw.get("gpu_index") is not None,
+                        config_paths=kw.get("config") or [], strict=bool(kw.get("strict")))
     if fmt == "json":
         from loradoctor.render.estimate_view import preflight_document
         from loradoctor.render.json import dumps
@@ -166,6 +165,7 @@ PREFLIGHT_EXTRA: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("gpu", ("--gpu",), dict(metavar="NAME", help="judge against this card (its full memory and its features) instead of this machine's GPU; the verdict says so. Works on a machine without a GPU")),
     ("vram", ("--vram",), dict(metavar="SIZE", help="judge against this much memory instead of this machine's GPU; a unit is required: 24GB and 24GiB both mean 24 x 2^30 bytes, as cards are labelled")),
     ("snapshot", ("--snapshot",), dict(metavar="FILE", help=argparse.SUPPRESS)),  # a saved env snapshot (tests, remote machines)
+    ("strict", ("--strict",), dict(action="store_true", help="NO GO on a config warning too (loradoctor lint's findings; errors always stop)")),
     FORMAT_OPTION,
 ]
 

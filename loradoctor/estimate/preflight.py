@@ -84,13 +84,14 @@ class PreflightResult:
     unsupported: list[Any] = field(default_factory=list)  # cards.Unsupported
     notes: list[str] = field(default_factory=list)
     fix_option: str = ""  # the first fix as a command-line change, when it is one (for the config's spelling)
+    lint: list[Any] = field(default_factory=list)  # the config's pitfalls (loradoctor.advise.lint)
 
     def __getitem__(self, key: str) -> Any:  # the dict shape callers and tests used
         return getattr(self, key)
 
 
 def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str", gpu_override: Any = None,
-                  index_given: bool = False) -> PreflightResult:
+                  index_given: bool = False, config_paths: Any = (), strict: bool = False) -> PreflightResult:
     """Env findings + the estimate against the GPU this run will use (or `gpu_override`, a card named by
     --gpu / --vram) + the card's features. `index_given`: --gpu-index was passed, so an index this
     machine does not have is refused instead of falling back to the first GPU."""
@@ -117,6 +118,10 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
         no_local = "the free memory of the GPU is not in the snapshot"
     out = PreflightResult(go=True, reason="", first_fix="", findings=findings, estimate=est, fit=None)
     gpu = gpu_override or local
+    if config_paths:
+        from loradoctor.advise.lint import lint_configs
+
+        out.lint = lint_configs(list(config_paths), gpu=gpu, local=gpu_override is None)
     if gpu_override is not None:
         size = f"{gpu_override.memory_bytes / GIB:.2f} GiB"
         what = f"{article(gpu_override.name)} {gpu_override.name} ({size}" + (", card table)" if gpu_override.source == "table" else ")")
@@ -128,10 +133,18 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
     out.fit = result
     out.unsupported = unsupported(est.inputs, gpu) if gpu is not None else []
     errors = [f for f in findings if f.severity == "error"]
+    blocking = [f for f in out.lint if f.severity == "error" or (strict and f.severity == "warning")]
     if errors:
         top = errors[0]
         out.go = False
         out.reason = f"{top.title} ({top.cause})"
+        if top.fixes:
+            out.first_fix = top.fixes[0].command or top.fixes[0].text
+    elif blocking:
+        top = blocking[0]
+        out.go = False
+        where = top.evidence[0].where() if top.evidence else ""
+        out.reason = f"the config: {top.title} ({top.rule}, {where})"
         if top.fixes:
             out.first_fix = top.fixes[0].command or top.fixes[0].text
     elif result is None:

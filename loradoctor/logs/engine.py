@@ -20,12 +20,11 @@ from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
-                                   Facts, RawPosition, is_errorish, parse_oom_message)
+                                   Facts, RawPosition, is_errorish)
 from loradoctor.logs import differential
 from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
-from loradoctor.logs.rules import Condition, ConditionError, Rule, format_value, load_rules, render_template
-from loradoctor.logs.rules.condition import _dotted
+from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
 from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
 

@@ -179,6 +179,7 @@ def preflight_document(out: Any, provenance: dict[str, str]) -> dict[str, Any]:
         "unsupported": [u.to_dict() for u in out.unsupported],
         "notes": list(out.notes),
         "env_findings": [f.to_dict() for f in out.findings],
+        "lint_findings": [f.to_dict() for f in getattr(out, "lint", [])],
         "estimate": estimate_document(est, out.fit, provenance, out.unsupported) if est is not None else None,
     }
 
@@ -202,6 +203,18 @@ def print_preflight(con: Any, out: Any, provenance: Any = None) -> None:
             con.print(f"   [dim]... {len(shown) - 8} more (loradoctor env)[/]")
     else:
         con.print("[bold]environment[/] [green]no problems found by the quick checks[/]")
+    lint = [f for f in getattr(out, "lint", []) if f.severity in ("error", "warning")]
+    if lint:
+        con.print("[bold]config[/] (loradoctor lint)")
+        for f in lint[:8]:
+            where = f.evidence[0].where() if f.evidence else ""
+            con.print(f"   [{SEVERITY_STYLE[f.severity]}]{f.severity.upper()}[/] {escape(f.title)} [dim]({f.rule}, {escape(where)})[/]")
+            if f.fixes and f.fixes[0].command:
+                con.print(f"      fix: [bold]{escape(f.fixes[0].command.splitlines()[0])}[/]")
+        if len(lint) > 8:
+            con.print(f"   [dim]... {len(lint) - 8} more (loradoctor lint)[/]")
+    elif getattr(out, "lint", None) is not None and getattr(out, "lint_checked", True) and out.lint == [] and provenance and any(str(v).startswith("config") for v in provenance.values()):
+        con.print("[bold]config[/] [green]no pitfalls found by loradoctor lint[/]")
     if est is not None:
         con.print(f"[bold]memory[/] {escape(est.inputs.arch.name)}: {escape(_inputs_line(est))}")
         if provenance is not None:
