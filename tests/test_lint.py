@@ -99,3 +99,23 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, content, needle):
     out = _cli(str(p))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_preflight_shows_lint_and_stops_only_on_errors(tmp_path):
+    snap = str(ROOT / "fixtures" / "snapshots" / "healthy_ampere_32gb.json")
+
+    def pre(cfg, *extra):
+        return subprocess.run([sys.executable, "-m", "loradoctor", "preflight", "--config", str(cfg), "--snapshot", snap,
+                               "--seq-len", "512", "--format", "json", *extra], capture_output=True, text=True, timeout=120)
+
+    warn = FIX / "alpha-rank-ratio" / "pos-axolotl-alpha-below-half.yaml"
+    out = pre(warn)
+    doc = json.loads(out.stdout)
+    assert [f["rule"] for f in doc["lint_findings"]] == ["alpha-rank-ratio"]
+    assert out.returncode == 0 and doc["go"] is True
+    strict = pre(warn, "--strict")
+    assert strict.returncode == 1 and "alpha-rank-ratio" in json.loads(strict.stdout)["reason"]
+    err = pre(FIX / "target-modules-missing" / "pos-axolotl-neox-names-on-llama.yaml")
+    doc = json.loads(err.stdout)
+    assert err.returncode == 1 and doc["go"] is False and "target-modules-missing" in doc["reason"]
+    assert doc["first_fix"] == "lora_target_linear: true"

@@ -85,6 +85,7 @@ class PreflightResult:
     notes: list[str] = field(default_factory=list)
     fix_option: str = ""  # the first fix as a command-line change, when it is one (for the config's spelling)
     lint: list[Any] = field(default_factory=list)  # the config's pitfalls (loradoctor.advise.lint)
+    linted: bool = False  # a config was given and linted
 
     def __getitem__(self, key: str) -> Any:  # the dict shape callers and tests used
         return getattr(self, key)
@@ -122,6 +123,7 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
         from loradoctor.advise.lint import lint_configs
 
         out.lint = lint_configs(list(config_paths), gpu=gpu, local=gpu_override is None)
+        out.linted = True
     if gpu_override is not None:
         size = f"{gpu_override.memory_bytes / GIB:.2f} GiB"
         what = f"{article(gpu_override.name)} {gpu_override.name} ({size}" + (", card table)" if gpu_override.source == "table" else ")")
@@ -138,13 +140,6 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
         top = errors[0]
         out.go = False
         out.reason = f"{top.title} ({top.cause})"
-        if top.fixes:
-            out.first_fix = top.fixes[0].command or top.fixes[0].text
-    elif blocking:
-        top = blocking[0]
-        out.go = False
-        where = top.evidence[0].where() if top.evidence else ""
-        out.reason = f"the config: {top.title} ({top.rule}, {where})"
         if top.fixes:
             out.first_fix = top.fixes[0].command or top.fixes[0].text
     elif result is None:
@@ -169,6 +164,13 @@ def run_preflight(inputs: Any, snapshot: dict[str, Any], gpu_index: "int | str",
         if pick is not None:
             out.first_fix = f"{pick.text} ({pick.option}), saves {pick.saves_bytes / GIB:.2f} GiB"
             out.fix_option = pick.option
+    if out.go and blocking:  # the machine and the memory are fine; the config is not
+        top = blocking[0]
+        out.go = False
+        where = top.evidence[0].where() if top.evidence else ""
+        out.reason = f"the config: {top.title} ({top.rule}, {where})"
+        if top.fixes:
+            out.first_fix = top.fixes[0].command or top.fixes[0].text
     if out.go:
         if result.verdict == "tight":
             out.reason = (f"the run should start; memory is tight ({result.headroom_bytes / GIB:.2f} GiB headroom "

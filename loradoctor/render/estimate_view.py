@@ -213,7 +213,7 @@ def print_preflight(con: Any, out: Any, provenance: Any = None) -> None:
                 con.print(f"      fix: [bold]{escape(f.fixes[0].command.splitlines()[0])}[/]")
         if len(lint) > 8:
             con.print(f"   [dim]... {len(lint) - 8} more (loradoctor lint)[/]")
-    elif getattr(out, "lint", None) is not None and getattr(out, "lint_checked", True) and out.lint == [] and provenance and any(str(v).startswith("config") for v in provenance.values()):
+    elif getattr(out, "linted", False):
         con.print("[bold]config[/] [green]no pitfalls found by loradoctor lint[/]")
     if est is not None:
         con.print(f"[bold]memory[/] {escape(est.inputs.arch.name)}: {escape(_inputs_line(est))}")
