@@ -140,8 +140,8 @@ def test_workers_left_behind_are_ended_with_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["run"], b"usage"),
-    (["run", "--"], b"usage: loradoctor run"),
+    (["run"], b"no command given"),
+    (["run", "--"], b"no command given"),
     (["run", "--interval", "0", "--", "true"], b"--interval"),
     (["run", "--", "/nonexistent/train"], b"command not found"),
 ])

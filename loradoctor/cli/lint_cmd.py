@@ -13,7 +13,7 @@ batch, more dataloader workers than CPUs or /dev/shm allow, LoRA targets the mod
 beyond the model's context, ... Each finding names the file and line, why it matters, the fix as a
 config line in the file's own key names, and the cause a run with it tends to end in.
 Formats: axolotl YAML, LLaMA-Factory YAML, TrainingArguments / TRL JSON, adapter_config.json.
-The lint catalogue: `loradoctor docs lint` or docs/lint.md.
+The lint catalogue, each id with why, example and fix: `loradoctor docs lint`.
 
 Examples:
   loradoctor lint axolotl.yaml
