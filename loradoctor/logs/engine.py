@@ -674,7 +674,7 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
         for p in ordered:
             if p is c or p.rule.severity != "error" or not c.rule.is_consequence_of(p.rule.cause):
                 continue
-            if parent.get(id(p)) is c or _ancestor(p, c, parent):
+            if parent.get(id(p)) is c or _descends(p, c, parent):
                 continue
             parent[id(c)] = p
             break
@@ -707,16 +707,6 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
     for i, c in enumerate(final):
         c.finding.why_rank = _why(c, final, i, parent)
     return final
-
-
-def _ancestor(p: _Candidate, c: _Candidate, parent: dict[int, _Candidate]) -> bool:
-    """True if c is already an ancestor of p (linking p as c's parent would make a cycle)."""
-    node = parent.get(id(p))
-    while node is not None:
-        if node is c:
-            return True
-        node = parent.get(id(node))
-    return False
 
 
 def _label(c: _Candidate) -> str:
@@ -767,6 +757,7 @@ def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Cand
 
 
 def _descends(node: _Candidate, root: _Candidate, parent: dict[int, _Candidate]) -> bool:
+    """True if root is an ancestor of node (so linking node as root's parent would make a cycle)."""
     p = parent.get(id(node))
     while p is not None:
         if p is root:

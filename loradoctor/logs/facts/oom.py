@@ -58,6 +58,10 @@ _OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
 _OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
 _OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+# the one-figure clauses of the G3-G5 message and the field each fills
+_OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes"), (_OOM_ALLOWED_RE, "allowed_bytes"),
+                (_OOM_ALLOCATED_RE, "allocated_bytes"), (_OOM_PRIVATE_RE, "private_pool_bytes"),
+                (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes"))
 # Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
 # 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
 _OOM_MPS_RE = re.compile(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
@@ -163,21 +167,10 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         msg.other_process_bytes = sum(others)
         msg.other_process_count = len(others)
         msg.other_pids = " ".join(dict.fromkeys(pid for pid, _ in clauses))
-    this = _OOM_THIS_RE.search(rest)
-    if this:
-        msg.this_process_bytes = _size(this.group(1))
-    allowed = _OOM_ALLOWED_RE.search(rest)
-    if allowed:
-        msg.allowed_bytes = _size(allowed.group(1))
-    a = _OOM_ALLOCATED_RE.search(rest)
-    if a:
-        msg.allocated_bytes = _size(a.group(1))
-    p = _OOM_PRIVATE_RE.search(rest)
-    if p:
-        msg.private_pool_bytes = _size(p.group(1))
-    u = _OOM_UNALLOCATED_RE.search(rest)
-    if u:
-        msg.reserved_unallocated_bytes = _size(u.group(1))
+    for regex, name in _OOM_CLAUSES:
+        clause = regex.search(rest)
+        if clause:
+            setattr(msg, name, _size(clause.group(1)))
     msg = _drop_implausible(msg)
     if msg.allocated_bytes is not None and msg.reserved_unallocated_bytes is not None:
         msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes + (msg.private_pool_bytes or 0)
@@ -308,7 +301,7 @@ def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optiona
         desc = m.group(1).strip()
         if desc and re.search(rb"[A-Za-z]", desc) and not desc.lower().startswith((b"[rank", b"train", b"epoch")):
             continue  # "Loading checkpoint shards", "Map", eval bars with names
-        n, total = _bounded_int(m.group(3), MAX_ID), _bounded_int(m.group(4), MAX_ID)
+        n, total = _bounded_int(m.group(3).decode(), MAX_ID), _bounded_int(m.group(4).decode(), MAX_ID)  # digits
         if n is not None and total is not None:
             best = (n, total)
     return best

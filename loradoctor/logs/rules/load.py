@@ -85,10 +85,11 @@ _CACHE: dict[tuple, list[Rule]] = {}
 
 
 def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
-    """The built-in rules, parsed once and kept on disk (loradoctor/cache.py) while the rule files and
-    the code that builds them are unchanged: YAML parsing, schema validation and literal derivation cost
-    ~0.15 s, unpickling ~0.01 s. Rules with problems are never kept (the next run reports them again)."""
-    import pickle
+    """The built-in rules, parsed once and kept on disk (loradoctor/cache.py) as plain JSON data while
+    the rule files and the code that builds them are unchanged: YAML parsing, schema validation and
+    literal derivation cost ~0.15 s, reading the JSON back ~0.02 s. Nothing read back is executed
+    (no pickle): an entry that is not the expected data is ignored and rebuilt. Rules with problems
+    are never kept (the next run reports them again)."""
     import sys
 
     from loradoctor import __version__, cache
@@ -96,19 +97,71 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     here = Path(__file__).resolve().parent  # this package, and the log modules beside it (fact names)
     stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()]
     code = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted([*here.glob("*.py"), *here.parent.glob("*.py")])]
-    key = cache.digest([__version__, sys.version, str(folder), stamp, code, pickle.HIGHEST_PROTOCOL])
-    data = cache.read_bytes("rules", key, ".pickle")
+    key = cache.digest([__version__, sys.version, str(folder), stamp, code, CACHE_FORMAT])
+    data = cache.read_json("rules", key)
     if data is not None:
-        try:
-            rules = pickle.loads(data)
-            if isinstance(rules, list) and all(isinstance(r, Rule) for r in rules):
-                return rules, []
-        except Exception:  # noqa: BLE001 - a damaged entry is rebuilt, never fatal
-            pass
+        rules = _rules_from_data(data)
+        if rules is not None:
+            return rules, []
     rules, problems = _collect([folder], lazy=[folder])
     if not problems:
-        cache.write_bytes("rules", key, ".pickle", pickle.dumps(rules, protocol=pickle.HIGHEST_PROTOCOL), keep=4)
+        cache.write_json("rules", key, [_rule_data(r) for r in rules])
     return rules, problems
+
+
+CACHE_FORMAT = 1  # bump when _rule_data changes shape
+
+
+def _rule_data(rule: Rule) -> dict:
+    """A built rule as plain data: its fields and the prefilter literals derived from its regexes."""
+    data = rule.to_dict()
+    data["literals"] = rule.literals
+    data["require_literals"] = rule.require_literals
+    data["exclude_literals"] = rule.exclude_literals
+    return data
+
+
+def _literal_list(items: list) -> list[tuple[str, bool]]:
+    out = []
+    for text, ignore_case in items:
+        if not isinstance(text, str) or not isinstance(ignore_case, bool):
+            raise TypeError("a literal is (text, ignore_case)")
+        out.append((text, ignore_case))
+    return out
+
+
+def _rules_from_data(data: object) -> "list[Rule] | None":
+    """Rules from _rule_data's output; None when the data is not that (damaged, another version)."""
+    from loradoctor.findings import Fix
+    from loradoctor.logs.rules.condition import Condition
+    from loradoctor.logs.rules.model import LazyRegexes
+
+    if not isinstance(data, list):
+        return None
+    rules = []
+    try:
+        for d in data:
+            rule = Rule(
+                id=d["id"], cause=d["cause"], title=d["title"], severity=d["severity"],
+                confidence=float(d["confidence"]), summary=d["summary"], patterns=list(d["patterns"]),
+                prefilter=list(d["prefilter"]), require_all=list(d["require_all"]), exclude=list(d["exclude"]),
+                when=d["when"], facts=list(d["facts"]),
+                fixes=[Fix(text=f["text"], command=f["command"]) for f in d["fixes"]],
+                repro=d["repro"], consequence_of=list(d["consequence_of"]), generic=bool(d["generic"]),
+                references=list(d["references"]), falsepositives=d["falsepositives"], docs=d["docs"],
+                source=d["source"],
+            )
+            rule.compiled_patterns = LazyRegexes(rule.patterns)
+            rule.compiled_require = LazyRegexes(rule.require_all)
+            rule.compiled_exclude = LazyRegexes(rule.exclude)
+            rule.condition = Condition(rule.when) if rule.when else None
+            rule.literals = _literal_list(d["literals"])
+            rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
+            rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]
+            rules.append(rule)
+    except Exception:  # noqa: BLE001 - a damaged entry is rebuilt, never fatal
+        return None
+    return rules
 
 
 def load_rules(extra_dirs: Iterable["str | Path"] = (), include_builtin: bool = True) -> list[Rule]:
