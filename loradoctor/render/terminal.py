@@ -28,19 +28,6 @@ def print_finding(con: Any, f: Finding, brief: bool = False) -> None:
         con.print(Text.from_ansi(line), soft_wrap=True)
 
 
-def print_findings(con: Any, findings: Iterable[Finding], verbose: bool = False, top: int = 1) -> None:
-    """The top finding(s) in full; the rest as one-liners unless verbose."""
-    findings = list(findings)
-    for i, f in enumerate(findings):
-        if i < top or verbose:
-            print_finding(con, f)
-            con.print()
-        else:
-            print_finding(con, f, brief=True)
-    hidden = len(findings) - top
-    if hidden > 0 and not verbose:
-        more = "1 more finding" if hidden == 1 else f"{hidden} more findings"
-        con.print(f"[dim]{more} shown briefly; -v shows all evidence and fixes.[/]")
 def captured(draw: Any, *args: Any, **kwargs: Any) -> str:
     """What `draw(console, *args, **kwargs)` prints, as text (ANSI styles kept on a colour terminal), so that
     the command can hand it to render.output.write_report."""
