@@ -88,3 +88,22 @@ def test_backquotes_and_dunders_are_optional_in_patterns():
     # the prefilter literal derived from the tolerant pattern is still in both forms of the line
     lits = derive_literals(r"Assertion `(?P<assertion>[^`]+)` failed")
     assert lits and all(t in "Assertion t >= 0 failed" for t, _ in lits)
+
+
+def test_recasing_changes_only_the_case(recaser):
+    """Any mix of vocabulary, digits and other bytes keeps its length and its lower-case form."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    words = sorted(recaser.table)
+    piece = st.one_of(st.sampled_from(words).map(lambda w: w.replace(b"#", b"7")), st.binary(max_size=8),
+                      st.integers(0, 10**6).map(lambda n: str(n).encode()))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(piece, max_size=8))
+    def check(parts):
+        text = b" ".join(parts).lower()
+        out = recaser.recase(text)
+        assert len(out) == len(text) and out.lower() == text
+
+    check()

@@ -1,36 +1,77 @@
-"""A log pasted into an issue reply, rendered as HTML, saved with Windows line ends, or collected by
-docker compose or the kubelet must be diagnosed as the plain log is: the first cause of every sampled positive fixture stays the same."""
+"""A log pasted into an issue reply, rendered as HTML or Markdown, lower-cased, indented, numbered, behind
+prompts, with its traceback in the IPython / rich dialect or on one line, collected by docker compose or the
+kubelet, must be diagnosed as the plain log is (issue 10): the first cause of every positive fixture stays the
+same in the shapes of tests/shapes.py. Every fixture is pasted in one shape (a deterministic rotation, so each
+shape sees about 1/17 of the fixtures and CI stays fast); benchmarks/shape_invariance.py runs the full cross
+product and docs/explain.md ("Pasted shapes") records its counts."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import pytest
 
 from loradoctor.logs import engine
+from shapes import SHAPES  # noqa: E402
 
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
-SAMPLE = sorted(p for p in LOGS.glob("*/pos-*") if p.is_file())[::5]
-SHAPES = {
-    "quoted": lambda t: "".join("> " + line for line in t.splitlines(True)),
-    "html": html.escape,
-    "crlf": lambda t: t.replace("\n", "\r\n"),
-    "compose": lambda t: "".join("trainer-1  | " + line for line in t.splitlines(True)),
-    "kubelet": lambda t: "".join("2024-05-01T10:00:00.123Z stdout F " + line for line in t.splitlines(True)),
+FIXTURES = sorted(p for p in LOGS.glob("*/pos-*") if p.suffix not in (".gz", ".bz2", ".xz"))
+NAMES = list(SHAPES)
+# (fixture folder/name, shape) pairs whose first cause is known to change today (measured 2026-12-01), xfailed
+# strictly so that a fix shows; see docs/explain.md "Pasted shapes" for what is left
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("dist-rendezvous-timeout/pos-gloo-recv-timeout.log", "wrap80"): "dist.launcher -> None: not fixed yet",
+    ("env-arch-unsupported/pos-rocm-gfx-not-built.log", "wrap80"): "env.arch_unsupported -> env.torch_broken: not fixed yet",
+    ("env-cudnn/pos-unable-to-find-engine.log", "lower"): "env.cudnn -> None: not fixed yet",
+    ("env-cudnn/pos-version-incompatibility.log", "lower"): "env.cudnn -> cuda.illegal_access: not fixed yet",
+    ("env-windows-cuda-not-detected/pos-chinese-warning.log", "lower"): "env.torch_cpu_only -> env.no_gpu_visible: not fixed yet",
+    ("fp16-nan-from-first-record/pos-unsloth-t4-banner-line-code-only.log", "lower"): "nan.fp16_overflow -> None: not fixed yet",
+    ("hw-smi-table-uncorrectable-ecc/pos-a100-table-after-illegal-access.log", "line_numbers"): "hw.memory_errors -> cuda.illegal_access: not fixed yet",
+    ("loss-flat-at-chance/pos-notebook-epoch-table-ln2.log", "quoted"): "loss.flat -> None: notebook loss tables are read from raw blocks, before line prefixes are peeled",
+    ("nan-loss-notebook-table/pos-unsloth-colab-t4.log", "lower"): "nan.fp16_overflow -> None: not fixed yet",
+    ("oom-host-ram-pinned-memory/pos-deepspeed-offload-wsl.log", "rich"): "oom.host_ram -> oom.non_pytorch: not fixed yet",
+    ("oom-other-process-nvidia-smi/pos-cublas-alloc-then-smi.log", "wrap80"): "oom.other_process -> oom.non_pytorch: not fixed yet",
+    ("oom-other-process-nvidia-smi/pos-notebook-cut-message-then-smi.log", "lower"): "oom.other_process -> oom.capacity: not fixed yet",
+    ("peft-target-modules-not-found/pos-old-peft-block-not-supported.log", "markdown"): "train.target_modules -> None: not fixed yet",
+    ("unsloth-labels-all-masked/pos-notebook-zerodivision-all-masked.log", "lower"): "loss.zero -> None: not fixed yet",
 }
 
 
-@pytest.mark.parametrize("path", SAMPLE, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_pasted_shapes_keep_the_first_cause(path, tmp_path):
+def _texts(path: Path) -> dict[str, str]:
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return {p.name: p.read_text(encoding="utf-8", errors="replace") for p in files}
+
+
+def _paste(path: Path, index: int, tmp_path: Path):
+    """The fixture pasted in the first shape, from its rotation, that changes it: (shape, paths)."""
+    texts = _texts(path)
+    for k in range(len(NAMES)):
+        shape = NAMES[(index + k) % len(NAMES)]
+        pasted = {name: SHAPES[shape](text) for name, text in texts.items()}
+        if pasted != texts:
+            out = tmp_path / shape
+            out.mkdir()
+            for name, text in pasted.items():
+                (out / name).write_text(text, encoding="utf-8")
+            return shape, ([str(out)] if path.is_dir() else [str(out / path.name)])
+    return None, []
+
+
+@pytest.mark.parametrize("index, path", list(enumerate(FIXTURES)), ids=lambda v: v if isinstance(v, int) else f"{v.parent.name}/{v.name}")
+def test_a_pasted_shape_keeps_the_first_cause(index, path, tmp_path):
     plain = engine.explain([str(path)]).findings
     if not plain:
         pytest.skip("the plain fixture has no finding (its own test reports that)")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    for name, shape in SHAPES.items():
-        if name in ("quoted", "compose", "kubelet") and ("Training Loss" in text or "Epoch" in text):
-            continue  # notebook tables are read from raw blocks, before line prefixes are peeled
-        pasted = tmp_path / f"{name}.log"
-        pasted.write_bytes(shape(text).encode("utf-8"))
-        got = engine.explain([str(pasted)]).findings
-        assert got and got[0].cause == plain[0].cause, f"{name}: {plain[0].cause} -> {got[0].cause if got else None}"
+    shape, paths = _paste(path, index, tmp_path)
+    if shape is None:
+        pytest.skip("no shape changes this fixture")
+    reason = EXCEPTIONS.get((f"{path.parent.name}/{path.name}", shape))
+    got = engine.explain(paths).findings
+    if reason:
+        assert not (got and got[0].cause == plain[0].cause), f"fixed, drop it from EXCEPTIONS: {reason}"
+        pytest.xfail(reason)
+    assert got and got[0].cause == plain[0].cause, f"{shape}: {plain[0].cause} -> {got[0].cause if got else None}"
+
+
+def test_every_shape_is_exercised():
+    assert len(FIXTURES) >= 2 * len(NAMES)  # the rotation reaches each shape at least twice

@@ -151,7 +151,10 @@ def test_switching_the_rule_off_turns_its_fixture_test_red(rule):
 def test_negative_fixture_does_not_rank_the_rule_cause_first(rule_id, path):
     rule = RULES_BY_ID[rule_id]
     report = _explain_positive(path)
-    if report.findings and report.findings[0].cause == rule.cause:
+    # a near miss is about the rules: a labelled guess (rule id `guess`, confidence 0.2) for a failure no
+    # rule recognised is not the rule firing (docs/explain.md, "The differential")
+    ruled = [f for f in report.findings if f.rule not in ("guess", "differential")]
+    if ruled and ruled[0].cause == rule.cause:
         pytest.fail(f"{path.relative_to(ROOT)}: near miss for {rule_id}, but the first finding is {rule.cause}:\n"
                     + describe(report), pytrace=False)
 

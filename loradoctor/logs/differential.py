@@ -49,13 +49,20 @@ class Guess:
 
 
 @functools.lru_cache(maxsize=1)
-def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
-    """The alternatives per verdict cause and the guesses, compiled once (titles: `cause_titles`)."""
+def _data(path: Path = TABLE) -> dict[str, Any]:
+    """The table file, parsed once per process (with libyaml when present: start-up counts)."""
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+
+
+@functools.lru_cache(maxsize=1)
+def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
+    """The alternatives per verdict cause and the guesses, compiled once (titles: `cause_titles`)."""
     from loradoctor.logs.rules import Condition
 
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = _data(path)
     alts = {cause: [Alternative(a["cause"], Condition(a["when"]) if a.get("when") else None, a["tells_apart"])
                     for a in entries]
             for cause, entries in (data.get("alternatives") or {}).items()}
@@ -73,9 +80,7 @@ def _entry(f: Finding, tells_apart: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def cause_titles(path: Path = TABLE) -> dict[str, str]:
     """A generic title per cause id (the table's `titles`)."""
-    import yaml
-
-    return dict(yaml.safe_load(path.read_text(encoding="utf-8")).get("titles") or {})
+    return dict(_data(path).get("titles") or {})
 
 
 def _title(cause: str, titles: dict[str, str]) -> str:

@@ -411,6 +411,7 @@ class Recaser:
         phrases: dict[str, str] = {}
         words: dict[str, set[str]] = {}
         lower_words: set[str] = set()
+        lower_phrases: set[str] = set()
         for exact in extra:  # taken whole: `File "`, `Traceback (most recent call last):`
             phrases.setdefault(exact.lower(), exact)
         for run in (r for p in patterns for r in _literal_runs(p)):
@@ -420,9 +421,14 @@ class Recaser:
                         lower_words.add(word.lower())
                     else:
                         words.setdefault(word.lower(), set()).add(word)
-                if phrase != phrase.lower() and _WORD_RE.fullmatch(phrase) is None:
+                if _WORD_RE.fullmatch(phrase) is not None:
+                    continue
+                if phrase == phrase.lower():
+                    lower_phrases.add(phrase)
+                else:
                     phrases.setdefault(phrase.lower(), phrase)
-        table = dict(phrases)
+        # a phrase that patterns also write in lower case is left alone (`out of memory`)
+        table = {low: cased for low, cased in phrases.items() if low not in lower_phrases}
         for low, forms in words.items():
             word = next(iter(forms))
             if len(forms) == 1 and low not in lower_words and _CASED_WORD_RE.fullmatch(word):
@@ -438,11 +444,13 @@ class Recaser:
 
         def cased(m: re.Match) -> bytes:
             text = m.group(0)
-            template = table[_DIGIT_RUN_RE.sub(b"#", text)]
-            if b"#" not in template:
+            key = _DIGIT_RUN_RE.sub(b"#", text)
+            template = table[key]
+            if b"#" not in key:
                 return template
+            # the template's digit runs are the key's `#`s, one for one: the matched digits go there
             digits = iter(_DIGIT_RUN_RE.findall(text))
-            return _DIGIT_RUN_RE.sub(lambda _: next(digits), _DIGIT_RUN_RE.sub(b"#", template))
+            return _DIGIT_RUN_RE.sub(lambda _: next(digits, b"0"), template)
 
         return self._regex.sub(cased, block)
 
