@@ -75,15 +75,19 @@ def _populate(tmp_path: Path) -> tuple[Path, Path, dict]:
 
 
 def _poison(cache: Path, marker: Path) -> list[str]:
-    """Replace every entry with a payload: a pickle that creates `marker`, a probe result that lies."""
+    """Replace every entry with a payload: a probe result that lies, a rule library with no rules (explain
+    would then find nothing), and beside them a pickle that creates `marker` under the name an old
+    (pickle) rule cache used, in case anything still unpickled."""
     names = []
-    for entry in cache.iterdir():
-        if entry.suffix == ".pickle":
-            entry.write_bytes(pickle.dumps(_Marker(marker)))
-        elif entry.suffix == ".json":
+    for entry in list(cache.iterdir()):
+        if entry.suffix == ".json":
             doc = json.loads(entry.read_text())
-            doc["section"]["version"] = "6.6.6+planted"
+            if isinstance(doc, dict) and isinstance(doc.get("section"), dict):
+                doc["section"]["version"] = "6.6.6+planted"
+            else:  # the parsed rule library
+                doc = []
             entry.write_text(json.dumps(doc))
+            entry.with_suffix(".pickle").write_bytes(pickle.dumps(_Marker(marker)))
         names.append(entry.name)
     return names
 
@@ -103,9 +107,13 @@ def test_the_planted_payloads_do_work_in_a_folder_of_our_own(tmp_path):
     # the control: the same payload in a folder we own is read (so the tests below test something)
     cache, log, env = _populate(tmp_path)
     names = _poison(cache, tmp_path / "marker")
-    assert any(n.endswith(".pickle") for n in names) and any(n.endswith(".json") for n in names)
+    assert sum(n.endswith(".json") for n in names) >= 2  # the probe result and the rule library
     res = _run(["env", "--format", "json"], cache, env)
     assert "planted" in res.stdout
+    res = _run(["explain", str(tmp_path / "oom.log"), "--format", "json"], cache)
+    rules = {f["rule"] for f in json.loads(res.stdout)["findings"]}
+    assert rules <= {"guess", "differential"}, rules  # the empty planted rule library was used
+    assert not (tmp_path / "marker").exists()  # and no pickle was ever loaded
 
 
 def test_a_cache_folder_owned_by_another_user_is_never_read(tmp_path):

@@ -81,8 +81,7 @@ KNOWN = [
 ]
 
 
-@pytest.mark.xfail(reason="issue 11 item 4: an absurd size overflows the size parser (not the reader)", strict=False)
-@pytest.mark.parametrize("line", KNOWN)
+@pytest.mark.parametrize("line", KNOWN)  # issue 11 item 4: an absurd size overflowed the size parser
 def test_known_number_crashes(tmp_path, line):
     path = tmp_path / "run.log"
     path.write_text(line + "\n")

@@ -267,17 +267,13 @@ _RENDER_BOILERPLATE = re.compile(r"more finding\(s\) shown briefly|finding\(s\) 
 
 
 def _placeholder_lines(report) -> list[str]:
-    import io
-
-    from rich.console import Console
-
-    from loradoctor.render.explain_view import explain_md, print_explain
+    from loradoctor.render.explain_view import explain_md, explain_text
+    from loradoctor.render.text import Painter
 
     quoted = [e.text[:60] for f in report.findings for e in f.evidence] + [e.text[:60] for e in report.unrecognised_tail]
-    con = Console(file=io.StringIO(), width=10_000, no_color=True, highlight=False)
-    print_explain(con, report, verbose=True)
+    text = explain_text(report, Painter(color=False, width=None), verbose=True)
     bad = []
-    for kind, out in (("text", con.file.getvalue()), ("md", explain_md(report))):
+    for kind, out in (("text", text), ("md", explain_md(report))):
         for line in out.splitlines():
             if _RENDER_BOILERPLATE.search(line) or any(q and q in line for q in quoted):
                 continue  # log lines are quoted as they are

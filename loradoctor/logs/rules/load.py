@@ -97,7 +97,9 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     here = Path(__file__).resolve().parent  # this package, and the log modules beside it (fact names)
     stamp = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()]
     code = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted([*here.glob("*.py"), *here.parent.glob("*.py")])]
-    key = cache.digest([__version__, sys.version, str(folder), stamp, code, CACHE_FORMAT])
+    catalogue = here.parent.parent / "data" / "causes.yaml"  # the cause and repro ids rules are checked against
+    ids = [(catalogue.stat().st_size, catalogue.stat().st_mtime_ns)] if catalogue.is_file() else []
+    key = cache.digest([__version__, sys.version, str(folder), stamp, code, ids, CACHE_FORMAT])
     data = cache.read_json("rules", key)
     if data is not None:
         rules = _rules_from_data(data)
