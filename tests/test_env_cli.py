@@ -1,6 +1,7 @@
 """`loradoctor env` as a user runs it: formats, exit codes, --strict, --check, --list-checks, --want, bad usage."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,14 @@ def test_want_is_judged_against_a_card_named_with_gpu():
     assert "env.flash_attn_unsupported" in {f["cause"] for f in json.loads(fa.stdout)["findings"] if f["severity"] == "error"}
     bad = run_cli("env", "--from", healthy, "--gpu", "Voodoo 2")
     assert bad.returncode == 2 and "unknown GPU" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("args", [["--quick", "--deep"], ["--from", "SNAP", "--deep"], ["--from", "SNAP", "--fresh"],
+                                  ["--from", "SNAP", "--python", "/usr/bin/python3"], ["--from", "SNAP", "--quick"]])
+def test_option_combinations_that_mean_nothing_are_refused(args, capsys):
+    from loradoctor.cli import main
+
+    snap = str(Path(__file__).resolve().parent.parent / "fixtures" / "snapshots" / "healthy_ampere_32gb.json")
+    code = main(["env", *[snap if a == "SNAP" else a for a in args]])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("loradoctor: error:"), err

@@ -88,6 +88,13 @@ def run(deep: bool = False, quick: bool = False, fresh: bool = False, from_file:
         raise UserError(f"--format must be text, json or md, not {fmt!r}")
     if timeout is not None and not (0 < timeout <= 3600):
         raise UserError("--timeout must be between 0 and 3600 seconds")
+    if quick and deep:
+        raise UserError("--quick and --deep ask for opposite things (skip probes / add a GPU matmul): pass one")
+    if from_file is not None:
+        probing = [name for name, on in (("--deep", deep), ("--quick", quick), ("--fresh", fresh),
+                                         ("--python", python), ("--timeout", timeout is not None)) if on]
+        if probing:
+            raise UserError(f"--from reads a saved report; {', '.join(probing)} probe this machine and do not apply to it")
     features = parse_want(want)
     if from_file is not None:
         from loradoctor.env.snapshot import load_snapshot
