@@ -93,7 +93,7 @@ def main():
     for a in arms:
         outcome = a["error"] or f"{a['adapters_with_grad']}/{a['adapters']} adapters get gradients"
         evidence.append(f"use_reentrant={a['use_reentrant']}, input_require_grads={a['input_require_grads']}: {outcome}")
-        evidence += [f"  warning: {w}" for w in a["warnings"]]
+        evidence += [f"  warning: '{w}'" for w in a["warnings"]]  # torch's own words, quoted
     chosen = next(a for a in arms if a["use_reentrant"] == use_reentrant and a["input_require_grads"] == input_require_grads)
     bad = arms[0]
     numbers = {"setup": {"use_reentrant": use_reentrant, "input_require_grads": input_require_grads},
