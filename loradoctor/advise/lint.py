@@ -411,24 +411,16 @@ def _model_facts(model: Optional[str]) -> dict[str, Any]:
 
 def read_for_lint(path: "str | Path") -> tuple[str, dict[str, Any], dict[str, int], dict[str, Any]]:
     """(format, raw settings, key -> line, estimate options) for one config file."""
-    from loradoctor.estimate.configs import READERS, detect_format
+    from loradoctor.estimate.configs import read_config
     from loradoctor.safe_yaml import load_config_file, read_text
 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such file")
-    data = load_config_file(p)  # bounded size, alias budget, encodings: one line on bad input
+    fmt, opts = read_config(p)  # the estimate's reader: formats, value checks, one line on bad input
+    data = load_config_file(p)  # the raw settings, for the keys the estimate does not read
     text = read_text(p)
     is_json = p.suffix.lower() == ".json"
-    if not isinstance(data, dict):
-        raise UserError(f"{p}: expected a mapping of settings")
-    fmt = detect_format(data)
-    if fmt is None:
-        raise UserError(f"{p}: not an axolotl / LLaMA-Factory YAML, TrainingArguments JSON or adapter_config.json")
-    try:
-        opts = READERS[fmt](data)
-    except (TypeError, ValueError, UserError) as exc:
-        raise UserError(f"{p}: bad value in a {fmt} config: {exc}") from None
     return fmt, data, _key_lines(text, data, is_json), opts
 
 
