@@ -454,6 +454,11 @@ def _timed_problems(compiled, pattern: str, length: int, budget_s_per_1000: floa
         # CPU time against the budget; the wall-clock timeout (20x) only stops a runaway, so a busy
         # machine cannot fail a linear pattern
         spent = _search_time(compiled, text, max(0.2, 20 * budget_s))
+        for _ in range(2):  # over budget once can be a busy core (caches, clocks): a runaway stays over
+            if spent is None or spent <= budget_s:
+                break
+            again = _search_time(compiled, text, max(0.2, 20 * budget_s))
+            spent = again if again is not None and again < spent else spent
         if spent is None or spent > budget_s:
             return [f"runaway regex: a {len(text):,}-character input ({text[:24]!r}...) took more than "
                     f"{budget_s * 1000:.0f} ms ({_show(pattern)}); bound its repeats"]
