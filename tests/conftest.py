@@ -82,3 +82,19 @@ def describe(report, n: int = 3) -> str:
     if more > 0:
         out.append(f"  ... and {more} more")
     return "\n".join(out)
+
+
+# A minimal valid user rule (`loradoctor explain --rules DIR` / `rules lint DIR` tests): fill rid and pattern.
+USER_RULE = """\
+rules:
+  - id: {rid}
+    cause: oom.capacity
+    title: A test rule
+    severity: error
+    confidence: high
+    patterns: ['{pattern}']
+    summary: test
+    fixes:
+      - text: do something
+    docs: test
+"""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import rule_expect
-from conftest import describe
+from conftest import USER_RULE, describe
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import builtin_rules_dir, lint_rules, load_rules
 
@@ -208,19 +208,7 @@ def test_lint_passes_on_the_builtin_rules():
     assert problems == [], "rules lint on rules/:\n" + "\n".join(map(str, problems))
 
 
-_GOOD_RULE = """\
-rules:
-  - id: {rid}
-    cause: oom.capacity
-    title: A test rule
-    severity: error
-    confidence: high
-    patterns: ['{pattern}']
-    summary: test
-    fixes:
-      - text: do something
-    docs: test
-"""
+_GOOD_RULE = USER_RULE
 
 BROKEN_RULES = {
     "bad-yaml": "rules:\n  - id: x\n    cause: [unclosed\n",

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import USER_RULE  # noqa: E402
+
 from loradoctor.errors import UserError
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import Condition, ConditionError, build_rule, lint_rules, load_rules
@@ -109,19 +111,7 @@ def test_timed_check_refuses_a_quadratic_pattern_the_static_check_misses():
     assert timed_problems(regex.compile(fixed), fixed) == []
 
 
-_USER_RULE = """\
-rules:
-  - id: {rid}
-    cause: oom.capacity
-    title: A test rule
-    severity: error
-    confidence: high
-    patterns: ['{pattern}']
-    summary: test
-    fixes:
-      - text: do something
-    docs: test
-"""
+_USER_RULE = USER_RULE
 
 
 def test_lint_refuses_a_runaway_user_rule_and_explain_does_not_hang(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loradoctor.units import gib
+
 ATTN_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -14,6 +16,13 @@ def _yaml(data: dict[str, Any]) -> str:
     import yaml
 
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
+
+
+def _head(d: dict[str, Any], run: str = "", note: str = "") -> str:
+    """The comment every emitted config starts with: model, card, the estimate of exactly this config."""
+    line = (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {gib(d['estimate_bytes'])} of "
+            f"{gib(d['card_bytes'])}{note}\n")
+    return line + (f"# run with: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True {run}\n" if run else "")
 
 
 def _targets(d: dict[str, Any]) -> list[str]:
@@ -36,9 +45,7 @@ def axolotl(d: dict[str, Any]) -> str:
     cfg.update(optimizer=d["optim"], learning_rate=d["lr"], lr_scheduler=d["scheduler"], warmup_ratio=d["warmup_ratio"],
                max_grad_norm=d["max_grad_norm"], bf16=d["precision"] == "bf16", fp16=d["precision"] == "fp16",
                dataloader_num_workers=d["dataloader_num_workers"])
-    head = (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {d['estimate_bytes'] / 2**30:.1f} GiB of "
-            f"{d['card_bytes'] / 2**30:.1f} GiB\n# run with: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True axolotl train config.yaml\n")
-    return head + _yaml(cfg)
+    return _head(d, "axolotl train config.yaml") + _yaml(cfg)
 
 
 def llamafactory(d: dict[str, Any]) -> str:
@@ -54,9 +61,7 @@ def llamafactory(d: dict[str, Any]) -> str:
                optim=d["optim"], learning_rate=d["lr"], lr_scheduler_type=d["scheduler"], warmup_ratio=d["warmup_ratio"],
                max_grad_norm=d["max_grad_norm"], bf16=d["precision"] == "bf16", fp16=d["precision"] == "fp16",
                dataloader_num_workers=d["dataloader_num_workers"])
-    head = (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {d['estimate_bytes'] / 2**30:.1f} GiB\n"
-            "# run with: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True llamafactory-cli train config.yaml\n")
-    return head + _yaml(cfg)
+    return _head(d, "llamafactory-cli train config.yaml") + _yaml(cfg)
 
 
 def _kw(items: dict[str, Any], indent: str = "    ") -> str:
@@ -93,15 +98,13 @@ def _model_block(d: dict[str, Any]) -> str:
 
 def hf(d: dict[str, Any]) -> str:
     tail = "model = get_peft_model(model, lora_config)\n" if d["method"] != "full" else ""
-    return (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {d['estimate_bytes'] / 2**30:.1f} GiB\n"
-            + _model_block(d) + tail + "args = TrainingArguments(\n    output_dir='out',\n" + _kw(_common_args(d))
+    return (_head(d) + _model_block(d) + tail + "args = TrainingArguments(\n    output_dir='out',\n" + _kw(_common_args(d))
             + ")\n# tokenize with truncation at max_length=" + str(d["seq_len"]) + "\n")
 
 
 def trl(d: dict[str, Any]) -> str:
     peft = ", peft_config=lora_config" if d["method"] != "full" else ""
-    return (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {d['estimate_bytes'] / 2**30:.1f} GiB\n"
-            + _model_block(d).replace("from transformers import AutoModelForCausalLM, BitsAndBytesConfig, TrainingArguments",
+    return (_head(d) + _model_block(d).replace("from transformers import AutoModelForCausalLM, BitsAndBytesConfig, TrainingArguments",
                                       "from transformers import AutoModelForCausalLM, BitsAndBytesConfig\nfrom trl import SFTConfig, SFTTrainer")
             + "args = SFTConfig(\n    output_dir='out',\n" + _kw({"max_length": d["seq_len"], **_common_args(d)}) + ")\n"
             + f"trainer = SFTTrainer(model=model, args=args, train_dataset=dataset{peft})\n")
@@ -109,9 +112,8 @@ def trl(d: dict[str, Any]) -> str:
 
 def unsloth(d: dict[str, Any]) -> str:
     gc = "unsloth" if d["gradient_checkpointing"] else False
-    return (f"# loradoctor recommend: {d['model']} on {d['gpu']['name']}; estimate {d['estimate_bytes'] / 2**30:.1f} GiB "
-            "(standard checkpointing; Unsloth's offloaded checkpoints need less)\n"
-            "from unsloth import FastLanguageModel\nfrom trl import SFTConfig, SFTTrainer\n\n"
+    return (_head(d, note=" (standard checkpointing; Unsloth's offloaded checkpoints need less)")
+            + "from unsloth import FastLanguageModel\nfrom trl import SFTConfig, SFTTrainer\n\n"
             "model, tokenizer = FastLanguageModel.from_pretrained(\n" + f"    {d['model']!r},\n"
             + _kw({"max_seq_length": d["seq_len"], "load_in_4bit": d["method"] == "qlora", "dtype": None}) + ")\n"
             "model = FastLanguageModel.get_peft_model(\n    model,\n"

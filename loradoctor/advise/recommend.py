@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from loradoctor.errors import UserError
 from loradoctor.estimate.memory import Estimate, EstimateInputs, estimate, validate
+from loradoctor.units import gib
 
 GOALS = ("fast", "quality", "long-context")
 FRAMEWORKS = ("hf", "trl", "axolotl", "llamafactory", "unsloth")
@@ -83,10 +84,6 @@ def hub_id(name: str) -> str:
 
     spec = presets().get(name) or {}
     return next((a for a in spec.get("aliases") or [] if "/" in a), name)
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
 
 
 def _fits(inp: EstimateInputs, budget: int) -> Optional[Estimate]:

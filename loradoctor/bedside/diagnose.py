@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from loradoctor.bedside.timeline import Timeline
 from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.units import GIB, MIB
+from loradoctor.units import format_bytes as gib  # '310 MiB', '10.20 GiB': the project's one byte formatter
 
 MIN_SAMPLES_SLOW = 30         # a slow-training verdict needs at least this many samples in the steady part
 LOW_UTIL = 50                 # median GPU utilisation (%) below which the GPU is said to wait
@@ -27,10 +28,6 @@ BUSY_CPU = 80                 # % of one core: a process this busy is the bottle
 OTHER_PROCESS_MIN = 1 * GIB   # memory another process must hold to matter
 THROTTLE_SHARE = 0.10         # share of busy samples with a heat / power slowdown that makes a finding
 HOT_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 def clock(tl: Timeline, t: Optional[float]) -> str:

@@ -75,7 +75,6 @@ def _ptys_wanted(stdout_fd: int) -> bool:
 
 def start_child(cmd: list[str], use_pty: bool) -> tuple[subprocess.Popen, list[tuple[int, int]]]:
     """Start CMD in a new session; return it with (read fd, our fd) pairs for stdout and stderr."""
-    pairs: list[tuple[int, int]] = []
     if use_pty:
         import pty
 
@@ -96,8 +95,7 @@ def start_child(cmd: list[str], use_pty: bool) -> tuple[subprocess.Popen, list[t
         raise UserError(f"run: permission denied: {cmd[0]}") from None
     os.close(out_w)
     os.close(err_w)
-    pairs = [(out_r, 1), (err_r, 2)]
-    return child, pairs
+    return child, [(out_r, 1), (err_r, 2)]
 
 
 class _Forwarder:

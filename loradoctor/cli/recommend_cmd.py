@@ -90,9 +90,11 @@ def body(opts: dict[str, Any]) -> int:
     if fmt == "yaml":
         print(config, end="")
         return 0
-    print(f"loradoctor recommend: {d['model']} on {gpu.name} ({d['card_bytes'] / 2**30:.1f} GiB): {d['method']}, "
+    from loradoctor.units import gib
+
+    print(f"loradoctor recommend: {d['model']} on {gpu.name} ({gib(d['card_bytes'])}): {d['method']}, "
           f"{d['seq_len']} tokens, micro-batch {d['micro_batch']} x {d['grad_accum']}; estimate "
-          f"{d['estimate_bytes'] / 2**30:.1f} GiB, {(d['card_bytes'] - d['estimate_bytes']) / 2**30:.1f} GiB free\n")
+          f"{gib(d['estimate_bytes'])}, {gib(d['card_bytes'] - d['estimate_bytes'])} free\n")
     print(config.rstrip("\n"))
     print("\nWhy:")
     for r in rec.reasons + rec.notes:

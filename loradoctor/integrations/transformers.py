@@ -129,8 +129,10 @@ def _estimates(cfg: Any, facts: dict[str, Any], seq_len: Optional[int], warnings
             pass
         card = facts.get("gpu_total_bytes")
         if card and out.get("estimate_bytes") and out["estimate_bytes"] > card:
-            warnings.append(f"the estimate for this run is {out['estimate_bytes'] / 2**30:.1f} GiB, more than the "
-                            f"{card / 2**30:.1f} GiB card: expect an out-of-memory error")
+            from loradoctor.units import gib
+
+            warnings.append(f"the estimate for this run is {gib(out['estimate_bytes'])}, more than the "
+                            f"{gib(card)} card: expect an out-of-memory error")
         return out
     except Exception as exc:  # noqa: BLE001 - an architecture the model does not know: no estimate
         return {"estimate_error": str(exc)[:200]}
