@@ -36,11 +36,6 @@ def build_parser(name: str = "lint"):
     return p
 
 
-def exit_code(findings: list, strict: bool) -> int:
-    bad = ("error", "warning") if strict else ("error",)
-    return 1 if any(f.severity in bad for f in findings) else 0
-
-
 def body(opts: dict[str, Any]) -> int:
     from loradoctor.advise.lint import lint_configs
 
@@ -64,31 +59,9 @@ def body(opts: dict[str, Any]) -> int:
 
         print(findings_md(findings, "loradoctor lint"), end="")
     else:
-        print(render_text(findings, list(opts["configs"])))
-    return exit_code(findings, bool(opts.get("strict")))
+        from loradoctor.render.advise_view import lint_text
 
+        print(lint_text(findings, list(opts["configs"])))
+    from loradoctor.findings import exit_code
 
-def render_text(findings: list, configs: list[str]) -> str:
-    if not findings:
-        n = len(configs)
-        return f"loradoctor lint: no problems found in {n} config{'s' if n != 1 else ''}"
-    counts: dict[str, int] = {}
-    for f in findings:
-        counts[f.severity] = counts.get(f.severity, 0) + 1
-    head = ", ".join(f"{n} {sev}{'s' if n != 1 else ''}" for sev, n in counts.items())
-    out = [f"loradoctor lint: {head}", ""]
-    for f in findings:
-        where = f.evidence[0].where() if f.evidence else ""
-        out.append(f"{f.rank}. [{f.severity}] {f.title} ({f.rule})  {where}")
-        out.append(f"   {f.summary}")
-        for e in f.evidence:
-            out.append(f"   {e.where()}: {e.text}")
-        for fx in f.fixes:
-            out.append("   fix:")
-            out += [f"     {line}" for line in (fx.command or fx.text).splitlines()]
-        leads = f.facts.get("lint.leads_to")
-        if leads and leads != "none":
-            out.append(f"   if ignored: {leads}")
-        out.append("")
-    return "\n".join(out).rstrip("\n")
-
+    return exit_code(findings, strict=bool(opts.get("strict")))

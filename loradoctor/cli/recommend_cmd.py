@@ -90,19 +90,9 @@ def body(opts: dict[str, Any]) -> int:
     if fmt == "yaml":
         print(config, end="")
         return 0
-    from loradoctor.units import gib
+    from loradoctor.render.advise_view import recommend_text
 
-    print(f"loradoctor recommend: {d['model']} on {gpu.name} ({gib(d['card_bytes'])}): {d['method']}, "
-          f"{d['seq_len']} tokens, micro-batch {d['micro_batch']} x {d['grad_accum']}; estimate "
-          f"{gib(d['estimate_bytes'])}, {gib(d['card_bytes'] - d['estimate_bytes'])} free\n")
-    print(config.rstrip("\n"))
-    print("\nWhy:")
-    for r in rec.reasons + rec.notes:
-        print(f"  - {r}")
-    print("\nEstimate of this config:")
-    for name, value in d["components"].items():
-        if value:
-            print(f"  {name:<28} {value / 2**30:8.2f} GiB")
+    print(recommend_text(d, config, rec.reasons + rec.notes, gpu.name))
     return 0
 
 
@@ -115,18 +105,7 @@ def _table(opts: dict[str, Any], gpu: Any, fmt: str) -> int:
 
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"Micro-batch that fits on {gpu.name} (gradient checkpointing on, {opts.get('headroom', 0.10):.0%} kept free), "
-          "and the memory it uses:\n")
-    lengths = sorted({r["seq_len"] for r in rows})
-    for model in dict.fromkeys(r["model"] for r in rows):
-        print(f"{model}")
-        print("  " + f"{'method':<8}" + "".join(f"{n:>18}" for n in lengths))
-        for method in ("lora", "qlora"):
-            cells = []
-            for n in lengths:
-                r = next(x for x in rows if x["model"] == model and x["method"] == method and x["seq_len"] == n)
-                cells.append(f"{'-':>18}" if not r["micro_batch"] else f"{r['micro_batch']:>5} @ {r['bytes'] / 2**30:5.1f} GiB".rjust(18))
-            print("  " + f"{method:<8}" + "".join(cells))
-        print()
-    return 0
+    from loradoctor.render.advise_view import recommend_table_text
 
+    print(recommend_table_text(rows, gpu.name, opts.get("headroom", 0.10)), end="")
+    return 0
