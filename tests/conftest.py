@@ -14,6 +14,12 @@ if "LORADOCTOR_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["LORADOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="loradoctor-test-cache-")
+# hypothesis keeps its example database and constants cache in ./.hypothesis by default: tests
+# write only under temporary folders, never into the checkout.
+if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+    import tempfile
+
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = tempfile.mkdtemp(prefix="loradoctor-test-hypothesis-")
 FIXTURES = ROOT / "fixtures"
 
 
