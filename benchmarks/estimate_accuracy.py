@@ -216,14 +216,20 @@ def _summary(errs: list[float]) -> dict[str, Any]:
 def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
     from loradoctor.estimate.arch import resolve_arch
 
-    return make_inputs(arch=resolve_arch(point["model"]), framework=point.get("framework", "hf"),
+    # a model id (config in the HF cache, or a preset), or the shape numbers written into the point (arch_for)
+    arch = arch_for(point) if isinstance(point["model"], dict) else resolve_arch(point["model"])
+    return make_inputs(arch=arch, framework=point.get("framework", "hf"),
                        method=point.get("method", "lora"), quant=point.get("quant", "none"),
                        rank=int(point.get("rank", 8)), targets=tuple(point.get("targets") or ("q_proj", "v_proj")),
                        batch=int(point.get("batch", 1)), seq_len=seq_len,
                        gradient_checkpointing=bool(point.get("gradient_checkpointing")),
                        offload_checkpoints=point.get("offload_checkpoints"), loss=point.get("loss"),
                        attn=point.get("attn", "sdpa"), optim=point.get("optim", "adamw_torch"),
-                       precision=point.get("precision", "bf16"), peft=point.get("peft"))
+                       precision=point.get("precision", "bf16"), peft=point.get("peft"),
+                       alpha=point.get("alpha"), dropout=point.get("dropout"),
+                       gpus=point.get("gpus"), strategy=point.get("strategy"), offload=point.get("offload"),
+                       modules_to_save=tuple(point.get("modules_to_save") or ()),
+                       reduce_bucket_size=point.get("reduce_bucket_size"), overlap_comm=point.get("overlap_comm"))
 
 
 def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
@@ -253,11 +259,15 @@ def evaluate_run(point: dict[str, Any]) -> dict[str, Any]:
         inp = replace(inp, targets=())
     est = estimate(inp)
     pred = est.metric(point.get("metric", "allocated"))
+    # exact bytes, or a published number in its unit (GB = 1e9, GiB = 2**30)
+    measured = point.get("measured_bytes") or point["measured_value"] * (2**30 if point.get("unit") == "GiB" else 1e9)
+    # a table that adds up the memory of every GPU of a run (summed_over_gpus: N): the per-GPU mean is compared
+    measured /= int(point.get("summed_over_gpus") or 1)
     row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp),
                            "metric": point.get("metric", "allocated"), "unit": "GB",
-                           "predicted": round(pred / 1e9, 2), "measured": round(point["measured_bytes"] / 1e9, 2),
+                           "predicted": round(pred / 1e9, 2), "measured": round(measured / 1e9, 2),
                            "confidence": point.get("confidence"),
-                           "error": (pred - point["measured_bytes"]) / point["measured_bytes"]}
+                           "error": (pred - measured) / measured}
     reported = point.get("trainable_params_reported")
     if reported is not None and reported != est.trainable_params:
         row["trainable_params_mismatch"] = (est.trainable_params, reported)
