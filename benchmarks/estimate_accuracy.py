@@ -304,11 +304,14 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for point in data["points"]:
         kind = point.get("kind")
-        if kind == "max_context":
-            rows.append(evaluate_max_context(point))
-            continue
-        if kind == "run":
-            rows.append(evaluate_run(point))
+        if kind in ("max_context", "run"):
+            row_pt = evaluate_max_context(point) if kind == "max_context" else evaluate_run(point)
+            if point.get("not_scored"):
+                # a run the inputs cannot describe (a software version the model does not cover): shown, not counted
+                row_pt["not_scored"] = str(point["not_scored"])
+                row_pt["error_not_scored"] = row_pt.pop("error", None)
+                row_pt.pop("oom_hit", None)
+            rows.append(row_pt)
             continue
         if kind == "loss_op":
             row_op = evaluate_loss_op(point)
@@ -334,6 +337,7 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
         rows.append(row)
     errs = [abs(r["error"]) for r in rows if "error" in r]
     ooms = [r for r in rows if "oom_hit" in r]
+    unscored = [r for r in rows if "not_scored" in r]
     by_group: dict[str, list[float]] = {}
     by_old_group: dict[str, list[float]] = {}
     for r in rows:
@@ -353,6 +357,7 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
         "mean_signed_error": statistics.mean(r["error"] for r in rows if "error" in r) if errs else None,
         "oom_points": len(ooms),
         "oom_hits": sum(1 for r in ooms if r["oom_hit"]),
+        "not_scored": len(unscored),
     }
 
 
@@ -403,6 +408,11 @@ def _print(result: dict[str, Any]) -> None:
         if "error" in r:
             pred = "none" if r["predicted"] is None else r["predicted"]
             print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {pred:>9} {r['measured']:>9} {r['error']:+7.1%}")
+        elif "not_scored" in r:
+            err = r.get("error_not_scored")
+            shown = "" if err is None else f"{err:+7.1%}"
+            print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {str(r['predicted']):>9} {str(r['measured']):>9} {shown} "
+                  f"(not scored: {r['not_scored'][:60]})")
         else:
             verdict = "?" if r["oom_hit"] is None else ("OOM predicted (hit)" if r["oom_hit"] else "fit predicted (MISS)")
             card = "?" if r["card_bytes"] is None else f"{r['card_bytes'] / 2**30:.1f} GiB card"
