@@ -216,14 +216,20 @@ def _summary(errs: list[float]) -> dict[str, Any]:
 def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
     from loradoctor.estimate.arch import resolve_arch
 
-    return make_inputs(arch=resolve_arch(point["model"]), framework=point.get("framework", "hf"),
+    # a model id (config in the HF cache, or a preset), or the shape numbers written into the point (arch_for)
+    arch = arch_for(point) if isinstance(point["model"], dict) else resolve_arch(point["model"])
+    return make_inputs(arch=arch, framework=point.get("framework", "hf"),
                        method=point.get("method", "lora"), quant=point.get("quant", "none"),
                        rank=int(point.get("rank", 8)), targets=tuple(point.get("targets") or ("q_proj", "v_proj")),
                        batch=int(point.get("batch", 1)), seq_len=seq_len,
                        gradient_checkpointing=bool(point.get("gradient_checkpointing")),
                        offload_checkpoints=point.get("offload_checkpoints"), loss=point.get("loss"),
                        attn=point.get("attn", "sdpa"), optim=point.get("optim", "adamw_torch"),
-                       precision=point.get("precision", "bf16"), peft=point.get("peft"))
+                       precision=point.get("precision", "bf16"), peft=point.get("peft"),
+                       alpha=point.get("alpha"), dropout=point.get("dropout"),
+                       gpus=point.get("gpus"), strategy=point.get("strategy"), offload=point.get("offload"),
+                       modules_to_save=tuple(point.get("modules_to_save") or ()),
+                       reduce_bucket_size=point.get("reduce_bucket_size"), overlap_comm=point.get("overlap_comm"))
 
 
 def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
@@ -253,11 +259,15 @@ def evaluate_run(point: dict[str, Any]) -> dict[str, Any]:
         inp = replace(inp, targets=())
     est = estimate(inp)
     pred = est.metric(point.get("metric", "allocated"))
+    # exact bytes, or a published number in its unit (GB = 1e9, GiB = 2**30)
+    measured = point.get("measured_bytes") or point["measured_value"] * (2**30 if point.get("unit") == "GiB" else 1e9)
+    # a table that adds up the memory of every GPU of a run (summed_over_gpus: N): the per-GPU mean is compared
+    measured /= int(point.get("summed_over_gpus") or 1)
     row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp),
                            "metric": point.get("metric", "allocated"), "unit": "GB",
-                           "predicted": round(pred / 1e9, 2), "measured": round(point["measured_bytes"] / 1e9, 2),
+                           "predicted": round(pred / 1e9, 2), "measured": round(measured / 1e9, 2),
                            "confidence": point.get("confidence"),
-                           "error": (pred - point["measured_bytes"]) / point["measured_bytes"]}
+                           "error": (pred - measured) / measured}
     reported = point.get("trainable_params_reported")
     if reported is not None and reported != est.trainable_params:
         row["trainable_params_mismatch"] = (est.trainable_params, reported)
@@ -294,11 +304,14 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for point in data["points"]:
         kind = point.get("kind")
-        if kind == "max_context":
-            rows.append(evaluate_max_context(point))
-            continue
-        if kind == "run":
-            rows.append(evaluate_run(point))
+        if kind in ("max_context", "run"):
+            row_pt = evaluate_max_context(point) if kind == "max_context" else evaluate_run(point)
+            if point.get("not_scored"):
+                # a run the inputs cannot describe (a software version the model does not cover): shown, not counted
+                row_pt["not_scored"] = str(point["not_scored"])
+                row_pt["error_not_scored"] = row_pt.pop("error", None)
+                row_pt.pop("oom_hit", None)
+            rows.append(row_pt)
             continue
         if kind == "loss_op":
             row_op = evaluate_loss_op(point)
@@ -324,6 +337,7 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
         rows.append(row)
     errs = [abs(r["error"]) for r in rows if "error" in r]
     ooms = [r for r in rows if "oom_hit" in r]
+    unscored = [r for r in rows if "not_scored" in r]
     by_group: dict[str, list[float]] = {}
     by_old_group: dict[str, list[float]] = {}
     for r in rows:
@@ -343,6 +357,7 @@ def evaluate(truth_path: Path) -> dict[str, Any]:
         "mean_signed_error": statistics.mean(r["error"] for r in rows if "error" in r) if errs else None,
         "oom_points": len(ooms),
         "oom_hits": sum(1 for r in ooms if r["oom_hit"]),
+        "not_scored": len(unscored),
     }
 
 
@@ -393,6 +408,11 @@ def _print(result: dict[str, Any]) -> None:
         if "error" in r:
             pred = "none" if r["predicted"] is None else r["predicted"]
             print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {pred:>9} {r['measured']:>9} {r['error']:+7.1%}")
+        elif "not_scored" in r:
+            err = r.get("error_not_scored")
+            shown = "" if err is None else f"{err:+7.1%}"
+            print(f"{r['id']:48} {r['metric']:9} {r['unit']:4} {str(r['predicted']):>9} {str(r['measured']):>9} {shown} "
+                  f"(not scored: {r['not_scored'][:60]})")
         else:
             verdict = "?" if r["oom_hit"] is None else ("OOM predicted (hit)" if r["oom_hit"] else "fit predicted (MISS)")
             card = "?" if r["card_bytes"] is None else f"{r['card_bytes'] / 2**30:.1f} GiB card"

@@ -183,6 +183,22 @@ def test_per_gpu_sharding_rules():
     assert hybrid.weights == 2_000
 
 
+def test_zero2_gradient_bucket_is_reduce_bucket_size_elements_doubled_by_overlap_comm():
+    # DeepSpeed's stage_1_and_2 backward(): torch.empty(reduce_bucket_size) in the half dtype, a second one with
+    # overlap_comm, not sized to the gradients (a q/v LoRA r8 trains 3.4 M parameters, less than one bucket)
+    key = "gradient buckets (ZeRO-2 reduce bucket)"
+    auto = estimate(EstimateInputs(arch=LLAMA31, gpus=4, strategy="zero2"))
+    assert auto.trainable_params == 3_407_872 and auto.components[key] == 4096 * 4096 * 2  # 'auto' = hidden^2, bf16
+    qwen = estimate(EstimateInputs(arch=LLAMA31, gpus=4, strategy="zero2", reduce_bucket_size=200_000_000,
+                                   overlap_comm=True))
+    assert qwen.components[key] == 2 * 200_000_000 * 2 == 800_000_000  # two 2e8-element bf16 buffers
+    assert qwen.peak_allocated_bytes - auto.peak_allocated_bytes == 800_000_000 - 33_554_432
+    one = estimate(EstimateInputs(arch=LLAMA31, gpus=4, strategy="zero2", reduce_bucket_size=200_000_000))
+    assert one.components[key] == 400_000_000  # DeepSpeed's default overlap_comm is off below ZeRO-3
+    z3 = estimate(EstimateInputs(arch=LLAMA31, gpus=4, strategy="zero3", reduce_bucket_size=200_000_000))
+    assert key not in z3.components
+
+
 def test_deepspeed_estimator_anchor():
     p, largest = 8_030_261_248, 14336 * 4096
     assert deepspeed_model_states_bytes(2, p, largest, 8) == 4 * p + 16 * p // 8

@@ -56,6 +56,16 @@ def test_deepspeed_json_and_accelerate_yaml(tmp_path):
     ds = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "bf16": {"enabled": "auto"}}
     fmt, opts = read_config(write(tmp_path, "ds.json", json.dumps(ds)))
     assert (fmt, opts) == ("deepspeed", {"strategy": "zero2", "offload": "optimizer"})
+    qwen = {"bf16": {"enabled": "auto"}, "zero_optimization": {  # QwenLM/Qwen finetune/ds_config_zero2.json
+        "stage": 2, "offload_optimizer": {"device": "none", "pin_memory": True}, "allgather_bucket_size": 2e8,
+        "overlap_comm": True, "reduce_scatter": True, "reduce_bucket_size": 2e8, "contiguous_gradients": True}}
+    fmt, opts = read_config(write(tmp_path, "qwen_z2.json", json.dumps(qwen)))
+    assert opts == {"strategy": "zero2", "reduce_bucket_size": 200_000_000, "overlap_comm": True}
+    inputs, source = resolve_inputs({"model": "meta-llama/Llama-3.1-8B", "gpus": 4}, [tmp_path / "qwen_z2.json"])
+    assert (inputs.reduce_bucket_size, inputs.overlap_comm) == (200_000_000, True)
+    assert source["reduce_bucket_size"].startswith("config:")
+    auto = {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": "yes"}}
+    assert read_config(write(tmp_path, "auto_z2.json", json.dumps(auto)))[1] == {"strategy": "zero2"}
     acc = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\n"
            "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: false\n")
     fmt, opts = read_config(write(tmp_path, "acc.yaml", acc))

@@ -124,6 +124,12 @@ def _parallel_from(deepspeed: Any, fsdp: Any, fsdp_config: Any = None) -> dict[s
                 out["offload"] = "params"
             elif dev("offload_optimizer") in ("cpu", "nvme"):
                 out["offload"] = "optimizer"
+            # the ZeRO-2 gradient bucket: a number ('auto' is Hugging Face's hidden x hidden), doubled by overlap_comm
+            bucket = zero.get("reduce_bucket_size")
+            if isinstance(bucket, (int, float)) and not isinstance(bucket, bool) and 0 < bucket < 1e12:
+                out["reduce_bucket_size"] = int(bucket)
+            if isinstance(zero.get("overlap_comm"), bool):
+                out["overlap_comm"] = zero["overlap_comm"]
     elif isinstance(deepspeed, str) and deepspeed:
         name = Path(deepspeed).name.lower()
         if "zero3" in name or "z3" in name:

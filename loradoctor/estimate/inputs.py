@@ -185,6 +185,9 @@ def resolve_inputs(cli: dict[str, Any], configs: Iterable[Path] = ()) -> tuple[E
             offload=str(values["offload"]).lower(),
             compute_dtype=None if values["compute_dtype"] is None else str(values["compute_dtype"]),
             vocab=None if values["vocab"] is None else int(values["vocab"]),
+            # only a DeepSpeed config sets these (no option: the defaults are Hugging Face's 'auto' and DeepSpeed's own)
+            reduce_bucket_size=None if values.get("reduce_bucket_size") is None else int(values["reduce_bucket_size"]),
+            overlap_comm=None if values.get("overlap_comm") is None else bool(values["overlap_comm"]),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise UserError(f"bad option value: {str(exc)[:200]}") from None

@@ -100,6 +100,10 @@ class EstimateInputs:
     offload: str = "none"  # none | optimizer | params (ZeRO / FSDP CPU offload)
     compute_dtype: Optional[str] = None  # bitsandbytes' bnb_4bit_compute_dtype: None = the half precision in use; fp32
     vocab: Optional[int] = None  # the vocabulary after resize_token_embeddings (added tokens), else config.json's
+    # DeepSpeed ZeRO-2's gradient bucket: reduce_bucket_size elements (None: Hugging Face's 'auto' = hidden^2),
+    # allocated twice with overlap_comm (None: DeepSpeed's default, which is off below ZeRO-3)
+    reduce_bucket_size: Optional[int] = None
+    overlap_comm: Optional[bool] = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -743,6 +747,15 @@ def dequant_buffer_bytes(inp: EstimateInputs) -> int:
 
 # --- more than one GPU ---------------------------------------------------------------------------
 
+def zero2_bucket_bytes(inp: EstimateInputs, half: int) -> int:
+    """DeepSpeed ZeRO-1/2 (stage_1_and_2.py, ``backward``): with contiguous_gradients (its default) every backward
+    starts by allocating ``torch.empty(reduce_bucket_size)`` in the half dtype of the model, and a second one when
+    overlap_comm is on (double buffering), whatever the number of trainable parameters. reduce_bucket_size:
+    the config's number, or Hugging Face's ``auto`` = hidden x hidden."""
+    elements = inp.reduce_bucket_size if inp.reduce_bucket_size else inp.arch.hidden * inp.arch.hidden
+    return int(elements) * half * (2 if inp.overlap_comm else 1)
+
+
 def _apply_parallel(inp: EstimateInputs, comps: dict[str, int], trainable: int, tb: float, grads: int,
                     opt_bytes: int, step_transient: int, notes: list[str]):
     """The single-GPU parameters / gradients / optimizer states -> one GPU's share under --strategy (parallel.py).
@@ -772,7 +785,7 @@ def _apply_parallel(inp: EstimateInputs, comps: dict[str, int], trainable: int, 
     layer_grad = int(arch.layer_params() * tb) if inp.method == "full" else int(trainable * tb) // arch.layers
     pg = per_gpu(inp.strategy, inp.gpus, inp.offload, weights=weights, trainable=train, grads=grads,
                  optimizer=opt_bytes, layer_bytes=layer_bytes, layer_grad_bytes=layer_grad,
-                 bucket_bytes=arch.hidden * arch.hidden * half)  # reduce_bucket_size 'auto' = hidden^2
+                 bucket_bytes=zero2_bucket_bytes(inp, half))
     out: dict[str, int] = {}
     for k in weight_keys:
         out[k] = int(comps[k] * pg.weights / weights) if weights else 0

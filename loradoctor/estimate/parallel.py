@@ -6,7 +6,8 @@ Per GPU (N GPUs; FSDP hybrid shards within a node of up to 8 GPUs and replicates
 * DDP: a full replica; the reducer copies every gradient into its flat buckets (``gradient_as_bucket_view``
   is off by default), so trainable gradients count twice.
 * ZeRO-2: parameters replicated; gradients and optimizer states partitioned (1/N), plus the contiguous
-  gradient bucket DeepSpeed allocates up front (``reduce_bucket_size`` elements; Hugging Face's ``auto``
+  gradient bucket DeepSpeed allocates at the start of every backward (``reduce_bucket_size`` elements in the
+  half dtype, two buffers with ``overlap_comm``, however few parameters are trained; Hugging Face's ``auto``
   fills in hidden x hidden). ``offload_optimizer`` moves the optimizer states (and the fp32 master copy)
   to the host.
 * ZeRO-3 / FSDP: parameters, gradients and optimizer states partitioned (1/N); a layer is all-gathered for
@@ -85,7 +86,7 @@ def per_gpu(strategy: str, gpus: int, offload: str, *, weights: int, trainable: 
     """The single-GPU model states -> what one of `gpus` GPUs holds under `strategy` (see the module doc).
     layer_bytes: one decoder layer's parameters in the compute dtype (what an all-gather materialises);
     layer_grad_bytes: that layer's trainable gradient before reduce-scatter; bucket_bytes: the ZeRO-2
-    contiguous gradient bucket."""
+    contiguous gradient bucket(s), allocated whole (DeepSpeed does not size them to the gradients)."""
     comm = NCCL_BYTES if gpus > 1 else 0
     n = shard_count(strategy, gpus)
     if strategy == "none":
@@ -95,7 +96,7 @@ def per_gpu(strategy: str, gpus: int, offload: str, *, weights: int, trainable: 
     opt = 0 if offload in ("optimizer", "params") else -(-optimizer // n)
     if strategy == "zero2":
         grads_gpu = 0 if offload == "optimizer" else -(-grads // n)
-        return PerGpu(weights, trainable, grads_gpu, opt, 0, min(bucket_bytes, grads) if grads else 0, comm)
+        return PerGpu(weights, trainable, grads_gpu, opt, 0, bucket_bytes, comm)
     # zero3 / fsdp / fsdp-hybrid: everything partitioned, two layers gathered (current + prefetch)
     gathered = 2 * layer_bytes + layer_grad_bytes
     if offload == "params":
