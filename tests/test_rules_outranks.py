@@ -194,3 +194,23 @@ def test_schema_describes_outranks():
     props = load_schema()["$defs"]["rule"]["properties"]
     assert props["outranks"]["type"] == "array" and props["outranks_reason"]["type"] == "string"
     assert json.dumps(props["outranks"])  # plain data
+
+
+def test_rules_show_names_what_a_rule_outranks(capsys):
+    from loradoctor.cli import main
+
+    assert main(["rules", "show", "oom-other-process"]) == 0
+    out = capsys.readouterr().out
+    assert "Ranks above, when both fire (outranks): oom-other-process-unaccounted" in out
+
+
+def test_a_builtin_declaration_decides_a_real_fixture_and_says_so():
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "oom-eval-or-save-fsdp-clone" / \
+        "pos-fsdp-clone-warning-after-training.log"
+    report = explain([str(log)], differential_on=False)
+    first, second = report.findings[:2]
+    assert (first.rule, second.rule) == ("oom-eval-or-save-fsdp-clone", "oom-other-process-unaccounted")
+    assert first.confidence == second.confidence == 0.9  # the confidence no longer orders them
+    assert first.why_rank.startswith("declared to outrank #2 (oom-other-process-unaccounted) in rules/oom.yaml: ")

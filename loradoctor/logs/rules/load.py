@@ -87,10 +87,9 @@ def link_outranks(rules: list[Rule]) -> list[str]:
                                 "(an order between rules must not loop)")
             return {}
         on_path.append(rid)
-        found: dict[str, str] = {}
+        found: dict[str, str] = {o: o for o in by_id[rid].outranks if o in by_id}  # direct ones first
         for other in by_id[rid].outranks:
             if other in by_id:
-                found.setdefault(other, other)
                 for far in visit(other):
                     found.setdefault(far, other)
         on_path.pop()
