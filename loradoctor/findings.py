@@ -17,6 +17,9 @@ SEVERITY_WEIGHT = {"error": 3, "warning": 2, "info": 1}
 # Confidence is a number in [0, 1]; its label is what people read.
 CONFIDENCE_LABELS = ((0.8, "high"), (0.5, "medium"), (0.25, "low"), (0.0, "guess"))
 CONFIDENCE_VALUES = {"high": 0.9, "medium": 0.65, "low": 0.4, "guess": 0.2}
+# The levels a rule's confidence may take (docs/rules.md says what each means); `rules lint` refuses
+# others. Confidence says how sure a rule is, never which of two sibling rules wins: that is `outranks`.
+CONFIDENCE_LEVELS = (0.95, 0.9, 0.8, 0.7, 0.65, 0.6, 0.5, 0.4, 0.3, 0.2)
 
 
 def confidence_label(value: float) -> str:

@@ -662,12 +662,13 @@ def _uses_time(cands: list[_Candidate]) -> bool:
 
 
 def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
-    """Order: generic last, higher score first, earliest evidence first; then consequences placed
+    """Order: generic last, a rule's declared `outranks` honoured, then higher score first, earliest
+    evidence first; then consequences placed
     right after the finding whose cause they follow from; each finding gets a why_rank. Only an
     error can be the root of a consequence: a warning or a note (the `use_cache` notice in every
     LoRA log, a dtype warning 2000 healthy steps earlier) does not make a run die."""
     use_time = _uses_time(cands)
-    ordered = sorted(cands, key=lambda c: (c.rule.generic, -c.score, _order_key(c, use_time)))
+    ordered = _declared_first(sorted(cands, key=lambda c: (c.rule.generic, -c.score, _order_key(c, use_time))))
     parent: dict[int, _Candidate] = {}
     # latest evidence first: when two findings name each other, the earlier one is the root
     for c in sorted(ordered, key=lambda c: _order_key(c, use_time), reverse=True):
@@ -707,6 +708,51 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
     for i, c in enumerate(final):
         c.finding.why_rank = _why(c, final, i, parent)
     return final
+
+
+def _outranks(a: _Candidate, b: _Candidate) -> bool:
+    """a's rule declares (directly or through other rules) that it ranks above b's; a catch-all never
+    outranks a specific finding (the loader refuses that too)."""
+    return a.rule.outranks_rule(b.rule.id) is not None and (b.rule.generic or not a.rule.generic)
+
+
+def _declared_first(ordered: list[_Candidate]) -> list[_Candidate]:
+    """`ordered` with every declared `outranks` honoured: a rule that outranks another takes the
+    loser's place when it sits lower (the winner moves up, right before it, with anything that in turn
+    outranks the winner); without declarations this is `ordered` itself. The result is one total
+    order that depends only on the candidates (a loop, which the loader refuses, is cut where found)."""
+    beaten_by = {id(b): [a for a in ordered if a is not b and _outranks(a, b)] for b in ordered}
+    if not any(beaten_by.values()):
+        return ordered
+    out: list[_Candidate] = []
+    placed: set[int] = set()
+    visiting: set[int] = set()
+
+    def place(c: _Candidate) -> None:
+        if id(c) in placed or id(c) in visiting:
+            return
+        visiting.add(id(c))
+        for winner in beaten_by[id(c)]:  # in `ordered` order: the best-scored winner first
+            place(winner)
+        visiting.discard(id(c))
+        placed.add(id(c))
+        out.append(c)
+
+    for c in ordered:
+        place(c)
+    return out
+
+
+def _declared_text(a: _Candidate, b: _Candidate) -> str:
+    """How a's rule declares it outranks b's, in words (file, the rule it goes through, the reason)."""
+    from pathlib import Path
+
+    hop = a.rule.outranks_rule(b.rule.id)
+    source = Path(a.rule.source) if a.rule.source else None
+    where = f" in {source.parent.name}/{source.name}" if source is not None else ""
+    through = f" through {hop}" if hop != b.rule.id else ""
+    reason = f": {a.rule.outranks_reason}" if a.rule.outranks_reason else ""
+    return f"declared to outrank {_label(b)}{through}{where}{reason}"
 
 
 def _label(c: _Candidate) -> str:
@@ -774,6 +820,8 @@ def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
         return f"root causes rank before consequences such as {_label(b)}"
     if b.rule.generic and not a.rule.generic:
         return f"a specific finding ranks above the generic catch-all {_label(b)}"
+    if _outranks(a, b):
+        return _declared_text(a, b)
     if a.numbers and not b.numbers:
         shown = _numbers_text(a)
         basis = basis or ("numbers" + (f" ({shown})" if shown else ""))

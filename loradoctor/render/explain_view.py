@@ -198,6 +198,9 @@ def rule_doc(rule: "Rule") -> str:
         out += ["", "Condition (when):", f"  {rule.when}"]
     if rule.consequence_of:
         out += ["", "A consequence of (ranked after): " + ", ".join(rule.consequence_of)]
+    if rule.outranks:
+        out += ["", "Ranks above, when both fire (outranks): " + ", ".join(rule.outranks)
+                + (f" ({rule.outranks_reason})" if rule.outranks_reason else "")]
     out += ["", "Fixes, in order:"]
     for i, fix in enumerate(rule.fixes, 1):
         out.append(f"  {i}. {fix.text}")

@@ -55,6 +55,55 @@ def _load_file(path: Path, eager: bool = True) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
+def link_outranks(rules: list[Rule]) -> list[str]:
+    """Check every rule's `outranks` against the rules loaded with it (unknown ids, a generic
+    catch-all over a specific rule, cycles) and, when all is well, give each rule its
+    `outranks_closure` (every id it outranks, directly or through others -> the first hop), which
+    the ranking reads. Problems are full one-line messages."""
+    by_id = {r.id: r for r in rules}
+    problems: list[str] = []
+    for r in rules:
+        for other in r.outranks:
+            o = by_id.get(other)
+            if o is None:
+                problems.append(f"{r.source}: rule {r.id}: outranks: unknown rule id {other!r}")
+            elif r.generic and not o.generic:
+                problems.append(f"{r.source}: rule {r.id}: outranks: a generic catch-all cannot outrank "
+                                f"the specific rule {other} (catch-alls rank last)")
+    closure: dict[str, dict[str, str]] = {}
+    on_path: list[str] = []
+    reported: set[frozenset] = set()
+
+    def visit(rid: str) -> dict[str, str]:
+        done = closure.get(rid)
+        if done is not None:
+            return done
+        if rid in on_path:  # a cycle: report it once, from the rule that closes it
+            cycle = on_path[on_path.index(rid):] + [rid]
+            if frozenset(cycle) not in reported:
+                reported.add(frozenset(cycle))
+                r = by_id[on_path[-1]]
+                problems.append(f"{r.source}: rule {r.id}: outranks: cycle {' -> '.join(cycle)} "
+                                "(an order between rules must not loop)")
+            return {}
+        on_path.append(rid)
+        found: dict[str, str] = {o: o for o in by_id[rid].outranks if o in by_id}  # direct ones first
+        for other in by_id[rid].outranks:
+            if other in by_id:
+                for far in visit(other):
+                    found.setdefault(far, other)
+        on_path.pop()
+        closure[rid] = found
+        return found
+
+    for r in rules:
+        visit(r.id)
+    if not problems:
+        for r in rules:
+            r.outranks_closure = closure[r.id]
+    return problems
+
+
 def _rule_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
@@ -103,15 +152,16 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     data = cache.read_json("rules", key)
     if data is not None:
         rules = _rules_from_data(data)
-        if rules is not None:
+        if rules is not None and not link_outranks(rules):
             return rules, []
     rules, problems = _collect([folder], lazy=[folder])
+    problems += link_outranks(rules) if not problems else []
     if not problems:
         cache.write_json("rules", key, [_rule_data(r) for r in rules])
     return rules, problems
 
 
-CACHE_FORMAT = 1  # bump when _rule_data changes shape
+CACHE_FORMAT = 2  # bump when _rule_data changes shape
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -149,7 +199,8 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
                 prefilter=list(d["prefilter"]), require_all=list(d["require_all"]), exclude=list(d["exclude"]),
                 when=d["when"], facts=list(d["facts"]),
                 fixes=[Fix(text=f["text"], command=f["command"]) for f in d["fixes"]],
-                repro=d["repro"], consequence_of=list(d["consequence_of"]), generic=bool(d["generic"]),
+                repro=d["repro"], consequence_of=list(d["consequence_of"]), outranks=list(d["outranks"]),
+                outranks_reason=d["outranks_reason"], generic=bool(d["generic"]),
                 references=list(d["references"]), falsepositives=d["falsepositives"], docs=d["docs"],
                 source=d["source"],
             )
@@ -187,6 +238,8 @@ def load_rules(extra_dirs: Iterable["str | Path"] = (), include_builtin: bool = 
                 continue
             seen[rule.id] = rule.source
             rules.append(rule)
+        if not problems:
+            problems += link_outranks(rules)  # a user rule may outrank a built-in one
     if problems:
         more = f" (and {len(problems) - 1} more problem(s); run `loradoctor rules lint`)" if len(problems) > 1 else ""
         raise UserError(problems[0] + more)

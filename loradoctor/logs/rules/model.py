@@ -31,6 +31,8 @@ class Rule:
     fixes: list[Fix] = field(default_factory=list)
     repro: Optional[str] = None
     consequence_of: list[str] = field(default_factory=list)
+    outranks: list[str] = field(default_factory=list)  # rule ids this one ranks above when both fire
+    outranks_reason: str = ""
     generic: bool = False
     references: list[str] = field(default_factory=list)
     falsepositives: str = ""
@@ -41,6 +43,8 @@ class Rule:
     compiled_require: list = field(default_factory=list, repr=False)
     compiled_exclude: list = field(default_factory=list, repr=False)
     condition: Optional[Condition] = field(default=None, repr=False)
+    # every rule id this one outranks, directly or through others -> the first hop (set at load)
+    outranks_closure: Optional[dict] = field(default=None, repr=False)
     literals: list = field(default_factory=list, repr=False)  # (text, ignore_case) for patterns
     require_literals: list = field(default_factory=list, repr=False)  # per require_all regex
     exclude_literals: list = field(default_factory=list, repr=False)  # per exclude regex
@@ -48,13 +52,21 @@ class Rule:
     def is_consequence_of(self, cause: str) -> bool:
         return any(fnmatch.fnmatchcase(cause, glob) for glob in self.consequence_of)
 
+    def outranks_rule(self, other_id: str) -> Optional[str]:
+        """The id this rule declares it outranks on the way to `other_id` (other_id itself when
+        declared directly), or None when it does not outrank it."""
+        if self.outranks_closure is not None:
+            return self.outranks_closure.get(other_id)
+        return other_id if other_id in self.outranks else None
+
     def to_dict(self) -> dict:
         return {
             "id": self.id, "cause": self.cause, "title": self.title, "severity": self.severity,
             "confidence": self.confidence, "patterns": self.patterns, "prefilter": self.prefilter,
             "require_all": self.require_all, "exclude": self.exclude, "when": self.when, "facts": self.facts,
             "summary": self.summary, "fixes": [{"text": f.text, "command": f.command} for f in self.fixes],
-            "repro": self.repro, "consequence_of": self.consequence_of, "generic": self.generic,
+            "repro": self.repro, "consequence_of": self.consequence_of, "outranks": self.outranks,
+            "outranks_reason": self.outranks_reason, "generic": self.generic,
             "references": self.references, "falsepositives": self.falsepositives, "docs": self.docs,
             "source": self.source,
         }
@@ -106,6 +118,7 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         exclude=list(data.get("exclude", [])), when=data.get("when"), facts=list(data.get("facts", [])),
         fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])],
         repro=data.get("repro"), consequence_of=list(data.get("consequence_of", [])),
+        outranks=list(data.get("outranks", [])), outranks_reason=data.get("outranks_reason", "") or "",
         generic=bool(data.get("generic", False)), references=list(data.get("references", [])),
         falsepositives=data.get("falsepositives", "") or "", docs=data.get("docs", "") or "", source=source,
     )
@@ -148,5 +161,12 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
     for i, fix in enumerate(rule.fixes):
         problems.extend(f"fixes[{i}]: {p}" for p in check_template(fix.text) + check_template(fix.command or ""))
     problems.extend(f"title: {p}" for p in check_template(rule.title))
+    if rule.id in rule.outranks:
+        problems.append("outranks: a rule cannot outrank itself")
+    dupes = sorted({x for x in rule.outranks if rule.outranks.count(x) > 1})
+    if dupes:
+        problems.append(f"outranks: {', '.join(dupes)} listed twice")
+    if rule.outranks_reason and not rule.outranks:
+        problems.append("outranks_reason: given without an `outranks` list")
     return rule, problems
 
