@@ -16,6 +16,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from loradoctor.lazyre import is_pattern, lazy_re
 from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
@@ -98,7 +99,12 @@ class ExplainReport:
 # ---------------------------------------------------------------------------------------------
 # matching
 
+_ASCII_DIGIT_RE = lazy_re(r"[0-9]")
+
+
 def _has_digit(text: str) -> bool:
+    if text.isascii():
+        return _ASCII_DIGIT_RE.search(text) is not None
     return any(c.isdigit() for c in text)
 
 
@@ -200,15 +206,27 @@ class Matcher:
         # without digits is in a line exactly when it is in the line with every digit written as 0, so
         # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
         # byte count or timestamp is then one dict lookup; literals with digits are tested every time.
-        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci and not _has_digit(text)]
-        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci and not _has_digit(text)]
-        self._case_digits = [(text, closed[(text, ci)]) for text, ci in keys if not ci and _has_digit(text)]
-        self._nocase_digits = [(text, closed[(text, ci)]) for text, ci in keys if ci and _has_digit(text)]
+        digits = {key: _has_digit(key[0]) for key in keys}
+        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
+        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
+        self._case_digits = [(text, closed[(text, ci)]) for text, ci in keys if not ci and digits[(text, ci)]]
+        self._nocase_digits = [(text, closed[(text, ci)]) for text, ci in keys if ci and digits[(text, ci)]]
         self._blind_cache: dict[str, set] = {}
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
-        self.prefilter = self._build(self.active)
+        self._prefilter = self._build(self.active)
+        self._replan: Optional[bytes] = None  # the sample of a rebuild that waits for the next block
+
+    @property
+    def prefilter(self) -> Prefilter:
+        """The block prefilter of the literals still needed. A refresh rebuilds it when it is next
+        used (the next block), so a log that ends first (a short one) never pays for the rebuild."""
+        if self._replan is not None:
+            self._prefilter = self._build(self.active)
+            self._prefilter.plan(self._replan)
+            self._replan = None
+        return self._prefilter
 
     @staticmethod
     def _build(keys: Iterable[tuple[str, bool]]) -> Prefilter:
@@ -230,8 +248,7 @@ class Matcher:
         keys = {k for k, tg in self.direct.items() if any(needed(t) for t in tg)}
         if keys != self.active:
             self.active = keys
-            self.prefilter = self._build(keys)
-            self.prefilter.plan(sample)
+            self._replan = sample
 
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
@@ -262,7 +279,7 @@ def _extractor_patterns() -> list[str]:
     modules = [facts_mod] + [importlib.import_module(f"{facts_mod.__name__}.{info.name}")
                              for info in pkgutil.iter_modules(getattr(facts_mod, "__path__", []))]
     return [v.pattern if isinstance(v.pattern, str) else v.pattern.decode("latin-1")
-            for mod in modules for v in vars(mod).values() if isinstance(v, re.Pattern)]
+            for mod in modules for v in vars(mod).values() if is_pattern(v)]
 
 
 def recaser_for(rules: list[Rule]) -> reader.Recaser:
@@ -383,7 +400,7 @@ _DICT_START = b"{'loss': "
 # a plain one-line dict (PY_METRIC_DICT_RE's 4 groups) or, as group 5, any other `{'loss': ` start
 # (the shared literal prefix stays outside the alternation: the regex engine then skips to it fast)
 assert PY_METRIC_DICT_RE.pattern.startswith(rb"\{'loss': ")
-_SPLIT_RE = re.compile(rb"\{'loss': (?:" + PY_METRIC_DICT_RE.pattern[len(rb"\{'loss': "):] + rb"|())")
+_SPLIT_RE = lazy_re(rb"\{'loss': (?:" + PY_METRIC_DICT_RE.pattern[len(rb"\{'loss': "):] + rb"|())")
 
 
 def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
@@ -444,7 +461,7 @@ _JSON_ESCAPES = (("\\n", "\n"), ('\\"', '"'), ("\\t", "\t"), ("\\/", "/"))
 
 
 # a traceback whose line breaks were lost (pasted through a form that joins lines): where its lines began
-_FLATTENED_SPLIT_RE = re.compile(r"\s(?=Traceback \(most recent call last\):|File \"[^\"]+\", line \d+|"
+_FLATTENED_SPLIT_RE = lazy_re(r"\s(?=Traceback \(most recent call last\):|File \"[^\"]+\", line \d+|"
                                  r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt): )")
 FLATTENED_MIN_CHARS = 300
 

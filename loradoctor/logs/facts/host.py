@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
 from loradoctor.units import MAX_PLAUSIBLE_BYTES
 
@@ -20,9 +21,9 @@ class OomKill:
 # `Out of memory: Killed process`, `Memory cgroup out of memory: Killed process`, `oom-kill:... Kill process`:
 # the prefixes are optional, so the regex starts at `Kill` (an optional `:?\s*` before it rescanned a
 # long run of spaces from each of them)
-_OOM_KILL_RE = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
-_BARE_KILLED_RE = re.compile(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
-_EXIT_CODE_RE = re.compile(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
+_OOM_KILL_RE = lazy_re(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
+_BARE_KILLED_RE = lazy_re(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
+_EXIT_CODE_RE = lazy_re(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
                            r"\s*(?:[:=]\s*)?(-?\d+)", re.I)  # not `\s*[:=]?\s*`: two runs that split the same
                                                                # whitespace in n ways (tab padding: 3.2 s a line)
 
@@ -54,9 +55,9 @@ def parse_exit_code(text: str) -> Optional[int]:
     return None
 
 
-_CODE43_RE = re.compile(r"\(?Code 43\)?|Problem Code:\s*43\b")
+_CODE43_RE = lazy_re(r"\(?Code 43\)?|Problem Code:\s*43\b")
 # (a name of at most 80 characters: each lazy step's lookahead scans the spaces after it)
-_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
+_DEVICE_NAME_RE = lazy_re(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
 
 
 class HostExtractor(Extractor):

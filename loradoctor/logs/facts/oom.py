@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import _SIZE, MAX_ID, MAX_RANK, Extractor, Sink, _bounded_int, _size
 from loradoctor.logs.facts.metrics import METRIC_DICT_RE
 from loradoctor.logs.facts.tables import OOM_FIGURE_FIELDS as _FIGURE_FIELDS
@@ -44,32 +45,32 @@ class OomMessage:
         return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
 # "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
-_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
-_OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_G1_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
-_OOM_IPEX_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+_OOM_IPEX_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                           + r" reserved in total by PyTorch\)")
-_OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
-_OOM_PROCESS_RE = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
-_OOM_THIS_RE = re.compile(r"this process has " + _SIZE + r" memory in use")
-_OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
-_OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
-_OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
-_OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+_OOM_TOTAL_RE = lazy_re(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OOM_PROCESS_RE = lazy_re(r"Process (\d+) has " + _SIZE + r" memory in use")
+_OOM_THIS_RE = lazy_re(r"this process has " + _SIZE + r" memory in use")
+_OOM_ALLOWED_RE = lazy_re(_SIZE + r" allowed;")
+_OOM_ALLOCATED_RE = lazy_re(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_OOM_PRIVATE_RE = lazy_re(r"with " + _SIZE + r" allocated in private pools")
+_OOM_UNALLOCATED_RE = lazy_re(_SIZE + r" is reserved by PyTorch but unallocated")
 # the one-figure clauses of the G3-G5 message and the field each fills
 _OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes"), (_OOM_ALLOWED_RE, "allowed_bytes"),
                 (_OOM_ALLOCATED_RE, "allocated_bytes"), (_OOM_PRIVATE_RE, "private_pool_bytes"),
                 (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes"))
 # Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
 # 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
-_OOM_MPS_RE = re.compile(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
+_OOM_MPS_RE = lazy_re(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
                          + r", max allowed: " + _SIZE + r"\)\.?(?:\s*Tried to allocate " + _SIZE + r")?")
 # the memory-fraction form: `Allocation on device 0 would exceed allowed memory. (out of memory)`,
 # then one figure a line (`Currently allocated     : 5.17 GiB`, `Requested : 20.00 MiB`, ...)
-_OOM_FRACTION_RE = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
-_OOM_FIGURE_RE = re.compile(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
+_OOM_FRACTION_RE = lazy_re(r"Allocation on device (\d+) would exceed allowed memory")
+_OOM_FIGURE_RE = lazy_re(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
                             r"(?: \([^)]*\))?)\s*:\s*" + _SIZE)
 
 
@@ -289,7 +290,7 @@ class RawPosition(NamedTuple):
             _records_before_line(self.block, self.line_in_block) if self.has_records else 0)
 
 
-_BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
+_BAR_TAIL_RE = lazy_re(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
 
 
 def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:
