@@ -27,13 +27,19 @@ from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
 GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
+# A rule's patterns are searched only once DEFER_LINES lines have hit its literals, or at the end
+# when the rule can still fire (its require_all met, no exclude seen, its `when` true): on a short
+# log most rules whose literals hit (`out of memory` is in ~20 of them) never need their regexes
+# compiled. Past DEFER_LINES the pending lines are searched in order and the rule searches each
+# line as it comes, so a busy rule's matches, and its saturation, are those of an eager search.
+DEFER_LINES = 8
 LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings)
 INERT_MAX_BYTES = 2048  # longer lines are not remembered as inert (they rarely repeat verbatim)
 LINE_CACHE_MAX_CHARS = 2048
@@ -127,6 +133,8 @@ class _RuleState:
     matches: list = field(default_factory=list)  # (Line, match)
     required: list = field(default_factory=list)  # bool per require_all
     excluded: bool = False
+    # lines whose literals hit the rule's patterns, not searched yet (None: searched as they come)
+    pending: Optional[list] = None
 
 
 class MatchBudget:
@@ -182,6 +190,7 @@ class Matcher:
     def __init__(self, rules: list[Rule]):
         self.rules = rules
         self.budget = MatchBudget(rules)
+        self.budgets: dict[int, MatchBudget] = {}  # per input (its index): the budget of its lines
         targets: dict[tuple[str, bool], set] = {}
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
@@ -192,16 +201,11 @@ class Matcher:
             for j, lits in enumerate(rule.exclude_literals):
                 for text, ci in lits:
                     targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
-        # a line that contains literal K also contains every literal inside K
+        # Each literal keeps its own targets: `hits` tests every literal, so a line that holds K
+        # finds the literals inside K by themselves (a digit-free J inside K is in the digit-blind
+        # line wherever K is in the line). No containment closure is needed (it was ~20 ms a start).
         keys = list(targets)
-        inside = contained_in(keys)
-        closed: dict[tuple[str, bool], set] = {}
-        for i, key in enumerate(keys):
-            acc = set(targets[key])
-            for j in inside[i]:
-                acc |= targets[keys[j]]
-            closed[key] = acc
-        self.targets = closed
+        closed = targets
         # per-line dispatch: plain substring tests are far cheaper than one big alternation. A literal
         # without digits is in a line exactly when it is in the line with every digit written as 0, so
         # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
@@ -298,18 +302,22 @@ def recaser_for(rules: list[Rule]) -> reader.Recaser:
 
 
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
-                progress: Optional[Callable] = None) -> list[_RuleState]:
+                progress: Optional[Callable] = None,
+                resolve: Optional[Callable[[Rule, "_RuleState"], bool]] = None) -> list[_RuleState]:
     """One pass over every input: feed candidate lines to the collector and the rules, and
-    Trainer metric dicts (found by one regex over the raw block) to the collector's fast path."""
+    Trainer metric dicts (found by one regex over the raw block) to the collector's fast path.
+    Lines still pending for a rule at the end (DEFER_LINES) are searched when `resolve(rule,
+    state)` says the rule can still fire (all of them when `resolve` is None); the others are
+    dropped: such a rule has no match and cannot fire anyway."""
     matcher = Matcher(rules)
-    states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
+    states = [_RuleState(required=[False] * len(r.require_all), pending=[] if r.patterns else None) for r in rules]
     # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
     inert: dict[bytes, str] = {}
     changed = True  # some rule state changed since the last refresh of the literals
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
-        matcher.budget = MatchBudget(rules)
+        matcher.budget = matcher.budgets[item.index] = MatchBudget(rules)
         matcher.line_cache.clear()  # a result the budget cut short is not carried to another input
         base = 0
         done = 0
@@ -392,7 +400,12 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
-        item.notes.extend(matcher.budget.finished_notes())
+    for i, (rule, state) in enumerate(zip(rules, states)):
+        if state.pending and (resolve is None or resolve(rule, state)):
+            _flush_pending(i, matcher, rules, states)
+        state.pending = None
+    for item in inputs:
+        item.notes.extend(matcher.budgets[item.index].finished_notes())
     return states
 
 
@@ -519,6 +532,63 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input,
     return line_at
 
 
+_GATES: dict[tuple, list] = {}
+
+
+def _pattern_gates(rule: Rule) -> list:
+    """Per pattern of the rule, the literals one of which every match of it holds (derived from the
+    pattern as for the prefilter: rules/literals.py), or None when none can be derived. A pattern
+    none of whose literals is in a line cannot match it, and is neither compiled nor searched."""
+    key = tuple(rule.patterns)
+    gates = _GATES.get(key)
+    if gates is None:
+        from loradoctor.logs.rules.literals import derive_literals
+
+        gates = []
+        for pattern in rule.patterns:
+            derived = derive_literals(pattern)
+            gates.append(None if not derived else
+                         ([t for t, ci in derived if not ci], [t.lower() for t, ci in derived if ci]))
+        _GATES[key] = gates
+    return gates
+
+
+def _pattern_search(i: int, rule: Rule, line: reader.Line, budget: MatchBudget):
+    """The first match of the rule's patterns in the line, or None (also when the budget skips it)."""
+    if i in budget.skipped:
+        return None
+    text = line.text
+    low = None
+    compiled = rule.compiled_patterns
+    for k, gate in enumerate(_pattern_gates(rule)):
+        if gate is not None:
+            case, nocase = gate
+            if not any(lit in text for lit in case):
+                if not nocase:
+                    continue
+                if low is None:
+                    low = text.lower()
+                if not any(lit in low for lit in nocase):
+                    continue
+        m = budget.search(i, compiled[k], text, line)
+        if m:
+            return m
+    return None
+
+
+def _flush_pending(i: int, matcher: "Matcher", rules: list[Rule], states: list[_RuleState]) -> None:
+    """Search the lines pending for rule i, in input order, and search its later lines as they come."""
+    state = states[i]
+    pending, state.pending = state.pending or [], None
+    matcher.line_cache.clear()  # cached results say "pending" for this rule
+    for line in pending:
+        if len(state.matches) >= MAX_MATCH_EVIDENCE:
+            break
+        m = _pattern_search(i, rules[i], line, matcher.budgets.get(line.input_index, matcher.budget))
+        if m is not None:
+            state.matches.append((line, m))
+
+
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
     state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
@@ -544,12 +614,10 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
             if kind == "p":
                 if len(state.matches) >= MAX_MATCH_EVIDENCE:
                     continue
-                m = None
-                for pattern in rule.compiled_patterns:
-                    m = budget.search(i, pattern, text, line)
-                    if m:
-                        break
-                results.append((kind, i, j, m))
+                if state.pending is not None:
+                    results.append(("d", i, j, None))  # searched later (DEFER_LINES)
+                    continue
+                results.append((kind, i, j, _pattern_search(i, rule, line, budget)))
             elif kind == "r":
                 if not state.required[j]:
                     results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
@@ -560,6 +628,21 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                 cache.clear()
             cache[text] = results
     for kind, i, j, m in results:
+        if kind == "d":
+            state = states[i]
+            if len(state.matches) >= MAX_MATCH_EVIDENCE:
+                continue
+            if state.pending is not None:
+                if len(state.pending) < DEFER_LINES:
+                    state.pending.append(line)
+                    matched = True  # it may match: its repeats must not be skipped as inert
+                    continue
+                _flush_pending(i, matcher, rules, states)
+            m = _pattern_search(i, rules[i], line, matcher.budget)
+            if m is not None and len(state.matches) < MAX_MATCH_EVIDENCE:
+                state.matches.append((line, m))
+                matched = True
+            continue
         if m is None:
             continue
         state = states[i]
@@ -866,10 +949,25 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     rules = load_rules(extra_rule_dirs) if rules is None else rules
     inputs = reader.resolve_inputs(list(paths))
     collector = FactCollector(block_metrics=True)
-    states = scan_inputs(inputs, rules, collector, progress)
-    facts = collector.finish(inputs)
+    finished: list[Facts] = []
+
+    def final_facts() -> Facts:
+        """The facts of every input with the env snapshot's (once, after the pass)."""
+        if not finished:
+            done = collector.finish(inputs)
+            done.values.update(snapshot_facts(env, done.values.get("oom.device_index")))
+            finished.append(done)
+        return finished[0]
+
+    def can_fire(rule: Rule, state: _RuleState) -> bool:
+        """All but the rule's pattern matches hold: only then are its pending lines searched."""
+        if not all(state.required) or state.excluded:
+            return False
+        return rule.condition is None or bool(rule.condition.evaluate(final_facts().values))
+
+    states = scan_inputs(inputs, rules, collector, progress, resolve=can_fire)
+    facts = final_facts()
     values = facts.values
-    values.update(snapshot_facts(env, values.get("oom.device_index")))
     cands = []
     for rule, state in zip(rules, states):
         if rule.patterns and not state.matches:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from loradoctor.errors import UserError
+from loradoctor.logs.rules.condition import Condition
 from loradoctor.logs.rules.model import Rule, build_rule
 from loradoctor.logs.rules.redos import timed_regex_problems
 from loradoctor.logs.rules.schema import builtin_rules_dir, load_schema, validate_schema
@@ -132,10 +133,24 @@ def _literal_list(items: list) -> list[tuple[str, bool]]:
     return out
 
 
+class _ParsedOnUse(Condition):
+    """A cached rule's `when`, parsed on first use: it was checked when the cache entry was written,
+    and `explain` on a short log evaluates few of them (parsing all cost ~10 ms of every start)."""
+
+    def __init__(self, expr: str) -> None:  # the parse is deferred to the first attribute it makes
+        self.expr = expr
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or "_parsing" in self.__dict__:
+            raise AttributeError(name)
+        self.__dict__["_parsing"] = True
+        Condition.__init__(self, self.expr)
+        return getattr(self, name)
+
+
 def _rules_from_data(data: object) -> "list[Rule] | None":
     """Rules from _rule_data's output; None when the data is not that (damaged, another version)."""
     from loradoctor.findings import Fix
-    from loradoctor.logs.rules.condition import Condition
     from loradoctor.logs.rules.model import LazyRegexes
 
     if not isinstance(data, list):
@@ -156,7 +171,7 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.compiled_patterns = LazyRegexes(rule.patterns)
             rule.compiled_require = LazyRegexes(rule.require_all)
             rule.compiled_exclude = LazyRegexes(rule.exclude)
-            rule.condition = Condition(rule.when) if rule.when else None
+            rule.condition = _ParsedOnUse(rule.when) if rule.when else None
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
             rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]
