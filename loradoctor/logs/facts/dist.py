@@ -134,6 +134,7 @@ class DistExtractor(Extractor):
         ("NCCL error", False), ("NCCL communicator", False), ("nccl", False), ("unhandled system error", False),
         # world size for dist.silent_ranks
         ("nranks", False), ("nRanks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False),
+        ("--nnodes", False),
     )
 
     def __init__(self, sink: Sink) -> None:
@@ -162,12 +163,11 @@ class DistExtractor(Extractor):
                 or "communicator was aborted on rank" in text:
             self._timeout(line)
             touched = True
-        if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
+        if _NCCL_ERROR_RE.search(text):
             self._nccl_errors += 1
             self.sink._evidence("dist", line)
             touched = True
-        if "nranks" in text or "nRanks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
-            self._world_size(text)  # a running maximum: a repeat adds nothing
+        self._world_size(text)  # a running maximum: a repeat adds nothing
         return touched
 
     def _cf_open(self, line: Any) -> None:

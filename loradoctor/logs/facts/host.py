@@ -64,15 +64,14 @@ class HostExtractor(Extractor):
     TRIGGERS = (
         ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
         ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
+        # the rest of _EXIT_CODE_RE's words (`failed (exitcode: -9)`, `exit_code: 137`, `exited with code`)
+        ("exitcode", True), ("exit_code", True), ("exited with", True),
     )
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        touched = False
-        if "ill" in text:
-            touched |= self._killed(line)
-        if "Code 43" in text or "Problem Code" in text:
-            touched |= self._code43(line)
+        touched = self._killed(line)
+        touched |= self._code43(line)
         code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
         if code is not None and code in (137, -9):
             self.sink._set_first({"killed.exit_code": code})

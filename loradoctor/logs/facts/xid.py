@@ -65,26 +65,24 @@ class XidExtractor(Extractor):
         self._xid_numbers: list[int] = []
 
     def feed(self, line: Any) -> bool:
-        text = line.text
-        if "NVRM" in text or "Xid=" in text or "XID_ERRORS" in text:
-            self._xid(line)
-            return True
-        return False
+        return self._xid(line)
 
-    def _xid(self, line: Any) -> None:
+    def _xid(self, line: Any) -> bool:
+        """True when the line is an Xid or fallen-off-the-bus line (each one counts)."""
         event = parse_xid(line.text)
         if event is None:
-            return
+            return False
         self.sink._evidence("xid", line)
         if event.fell_off_bus:
             self.sink.values["xid.fell_off_bus"] = True
         if event.xid is None:
-            return
+            return True
         self._xid_count += 1
         if event.xid not in self._xid_numbers:
             self._xid_numbers.append(event.xid)
         self.sink._set_first({"xid.first": event.xid, "xid.pci": event.pci, "xid.pid": event.pid,
                          "xid.process": event.process})
+        return True
 
 
     def publish(self, values: dict[str, Any]) -> None:
