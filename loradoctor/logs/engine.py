@@ -149,6 +149,7 @@ class MatchBudget:
         self.skipped: set[int] = set()
         self.notes: list[str] = []
         self._more = 0
+        self.line_spent = 0.0  # CPU seconds of the searches since the caller last set this to 0
 
     def note(self, text: str) -> None:
         if len(self.notes) < MAX_BUDGET_NOTES:
@@ -162,10 +163,11 @@ class MatchBudget:
     def search(self, i: int, compiled, text: str, line: reader.Line):
         """compiled.search(text) within the budgets; None when skipped. Budgets count this process's
         CPU time, so a busy machine does not make a linear pattern look slow."""
-        started = time.process_time()
+        started = cpu_before = time.process_time()  # (each clock read is a system call: ~6 us)
         try:
-            for _ in range(2):
-                cpu_before = time.process_time()
+            for attempt in range(2):
+                if attempt:
+                    cpu_before = time.process_time()
                 try:
                     return compiled.search(text, timeout=MATCH_TIMEOUT_S)
                 except TimeoutError:
@@ -176,7 +178,9 @@ class MatchBudget:
                       f"{MATCH_TIMEOUT_S * 1000:.0f} ms (linear patterns take microseconds)")
             return None
         finally:
-            spent = self.spent_s.get(i, 0.0) + time.process_time() - started
+            took = time.process_time() - started
+            self.line_spent += took
+            spent = self.spent_s.get(i, 0.0) + took
             self.spent_s[i] = spent
             if spent > RULE_INPUT_BUDGET_S and i not in self.skipped:
                 self.skipped.add(i)
@@ -235,6 +239,8 @@ class Matcher:
     @staticmethod
     def _build(keys: Iterable[tuple[str, bool]]) -> Prefilter:
         literals = [Literal(t, ci) for t, ci in keys] + [Literal(t, ci) for t, ci in TRIGGER_LITERALS]
+        # the notebook table header: found by the candidate scan instead of a pass of its own per block
+        literals.append(Literal(TABLE_HEAD.decode("ascii")))
         return Prefilter(literals)
 
     def refresh(self, states: list["_RuleState"], sample: bytes) -> None:
@@ -349,17 +355,19 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 collector.feed_metric_batch(records, _record_line_maker(block, base, item, joins))
                 if cut:
                     view = rest_view
-            if collector.table_open or TABLE_HEAD in block:
-                # notebook Trainer tables: their rows hold no literal, the collector reads the block
-                collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
-                                           reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
-                                                            item.rank, input_index=item.index))
             segments = matcher.prefilter.candidates(view)
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose
                 # again from this block, for the blocks that follow
                 sample = PY_METRIC_DICT_RE.sub(b"", view[: 1 << 20])
                 matcher.prefilter.plan(sample)
+            # a header is in a candidate segment (TABLE_HEAD is a prefilter literal); the metric
+            # dicts cut out of the view hold none (a header starts its line)
+            if collector.table_open or any(TABLE_HEAD in view[s.start:s.end] for s in segments):
+                # notebook Trainer tables: their rows hold no literal, the collector reads the block
+                collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
+                                           reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
+                                                            item.rank, input_index=item.index))
             pos = 0
             count = 0
             for seg in segments:
@@ -603,11 +611,11 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     if results is None:
         results = []
         budget = matcher.budget
-        line_started = time.process_time()
+        budget.line_spent = 0.0  # the regex time of this line's searches
         for kind, i, j in matcher.hits(text):
             if i in budget.skipped:
                 continue
-            if time.process_time() - line_started > LINE_BUDGET_S:
+            if budget.line_spent > LINE_BUDGET_S:
                 budget.note(f"line {line.lineno}: rules skipped after {LINE_BUDGET_S * 1000:.0f} ms of matching")
                 break
             rule, state = rules[i], states[i]
