@@ -209,16 +209,15 @@ class Matcher:
         # finds the literals inside K by themselves (a digit-free J inside K is in the digit-blind
         # line wherever K is in the line). No containment closure is needed (it was ~20 ms a start).
         keys = list(targets)
-        closed = targets
         # per-line dispatch: plain substring tests are far cheaper than one big alternation. A literal
         # without digits is in a line exactly when it is in the line with every digit written as 0, so
         # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
         # byte count or timestamp is then one dict lookup; literals with digits are tested every time.
         digits = {key: _has_digit(key[0]) for key in keys}
-        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
-        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
-        self._case_digits = [(text, closed[(text, ci)]) for text, ci in keys if not ci and digits[(text, ci)]]
-        self._nocase_digits = [(text, closed[(text, ci)]) for text, ci in keys if ci and digits[(text, ci)]]
+        self._case = [(text, targets[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
+        self._nocase = [(text, targets[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
+        self._case_digits = [(text, targets[(text, ci)]) for text, ci in keys if not ci and digits[(text, ci)]]
+        self._nocase_digits = [(text, targets[(text, ci)]) for text, ci in keys if ci and digits[(text, ci)]]
         self._blind_cache: dict[str, set] = {}
         self.direct = targets
         self.active = set(keys)
