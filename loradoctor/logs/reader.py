@@ -14,7 +14,6 @@ and exists for tests and small inputs.
 from __future__ import annotations
 
 import bz2
-import calendar
 import codecs
 import gzip
 import io
@@ -718,6 +717,8 @@ _HMS_RE = lazy_re(r"^\[?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\]?\s+")
 
 def _epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: str = "") -> float:
     """Seconds since the epoch, timezone-free, so logs from different machines compare alike."""
+    import calendar  # here: its import (and datetime's) is not needed before a timestamp is read
+
     try:
         base = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
     except (ValueError, OverflowError):
