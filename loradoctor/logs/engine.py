@@ -549,13 +549,13 @@ def _pattern_gates(rule: Rule) -> list:
     key = tuple(rule.patterns)
     gates = _GATES.get(key)
     if gates is None:
-        from loradoctor.logs.rules.literals import derive_literals
+        known = getattr(rule, "pattern_literals", None)  # derived when the rule cache was written
+        if known is None or len(known) != len(rule.patterns):
+            from loradoctor.logs.rules.literals import derive_literals
 
-        gates = []
-        for pattern in rule.patterns:
-            derived = derive_literals(pattern)
-            gates.append(None if not derived else
-                         ([t for t, ci in derived if not ci], [t.lower() for t, ci in derived if ci]))
+            known = [derive_literals(pattern) for pattern in rule.patterns]
+        gates = [None if not derived else ([t for t, ci in derived if not ci], [t.lower() for t, ci in derived if ci])
+                 for derived in known]
         _GATES[key] = gates
     return gates
 

@@ -60,9 +60,11 @@ _OOM_ALLOCATED_RE = lazy_re(r"Of the allocated memory " + _SIZE + r" is allocate
 _OOM_PRIVATE_RE = lazy_re(r"with " + _SIZE + r" allocated in private pools")
 _OOM_UNALLOCATED_RE = lazy_re(_SIZE + r" is reserved by PyTorch but unallocated")
 # the one-figure clauses of the G3-G5 message and the field each fills
-_OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes"), (_OOM_ALLOWED_RE, "allowed_bytes"),
-                (_OOM_ALLOCATED_RE, "allocated_bytes"), (_OOM_PRIVATE_RE, "private_pool_bytes"),
-                (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes"))
+# (with the words every match of each holds: a regex is only compiled and searched where they are)
+_OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes", "this process has "), (_OOM_ALLOWED_RE, "allowed_bytes", " allowed;"),
+                (_OOM_ALLOCATED_RE, "allocated_bytes", "Of the allocated memory "),
+                (_OOM_PRIVATE_RE, "private_pool_bytes", " allocated in private pools"),
+                (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes", " is reserved by PyTorch but unallocated"))
 # Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
 # 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
 _OOM_MPS_RE = lazy_re(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
@@ -92,12 +94,12 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     OOM message."""
     m = _OOM_HEAD_RE.search(text)
     if not m:
-        mps = _OOM_MPS_RE.search(text)
+        mps = _OOM_MPS_RE.search(text) if "MPS backend out of memory (MPS allocated: " in text else None
         if mps:
             return _drop_implausible(OomMessage(
                 era="mps", allocated_bytes=_mps_size(mps.group(1)), non_pytorch_bytes=_mps_size(mps.group(2)),
                 allowed_bytes=_mps_size(mps.group(3)), requested_bytes=_mps_size(mps.group(4))))
-        frac = _OOM_FRACTION_RE.search(text)
+        frac = _OOM_FRACTION_RE.search(text) if " would exceed allowed memory" in text else None
         if frac:
             msg = OomMessage(era="fraction", device_index=_bounded_int(frac.group(1), MAX_RANK))
             for f in _OOM_FIGURE_RE.finditer(text, frac.end()):
@@ -117,7 +119,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
             if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) and not limited:
                 msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
             return msg
-        bare = _OOM_BARE_RE.search(text)
+        bare = _OOM_BARE_RE.search(text) if " out of memory" in text else None
         return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
     rest = text[m.end():]
@@ -126,7 +128,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         hint = "expandable_segments"
     elif "max_split_size_mb" in rest:
         hint = "max_split_size_mb"
-    g1 = _OOM_G1_RE.search(rest)
+    g1 = _OOM_G1_RE.search(rest) if " already allocated; " in rest else None
     if g1:
         msg = OomMessage(era="G2" if "max_split_size_mb" in rest else "G1", requested_bytes=requested,
                          device_index=_bounded_int(g1.group(1), MAX_RANK), total_bytes=_size(g1.group(2)),
@@ -137,7 +139,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
         return _drop_implausible(msg)
-    ipex = _OOM_IPEX_RE.search(rest)
+    ipex = _OOM_IPEX_RE.search(rest) if " reserved in total by PyTorch)" in rest else None
     if ipex:
         # intel-extension-for-pytorch's XPU message: the G1 layout without the free figure
         msg = OomMessage(era="ipex", requested_bytes=requested, device_index=_bounded_int(ipex.group(1), MAX_RANK),
@@ -156,20 +158,20 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     else:
         era = "G4"
     msg = OomMessage(era=era, requested_bytes=requested, hint=hint)
-    t = _OOM_TOTAL_RE.search(rest)
+    t = _OOM_TOTAL_RE.search(rest) if " has a total capac" in rest else None
     if t:
         msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
-    clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)]
+    clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)] if " memory in use" in rest else []
     clauses = [(pid, o) for pid, o in clauses if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
     others = [o for _, o in clauses]
     if others:
         msg.other_process_bytes = sum(others)
         msg.other_process_count = len(others)
         msg.other_pids = " ".join(dict.fromkeys(pid for pid, _ in clauses))
-    for regex, name in _OOM_CLAUSES:
-        clause = regex.search(rest)
+    for regex, name, words in _OOM_CLAUSES:
+        clause = regex.search(rest) if words in rest else None
         if clause:
             setattr(msg, name, _size(clause.group(1)))
     msg = _drop_implausible(msg)
@@ -227,7 +229,7 @@ def _held_back(msg: OomMessage, text: str) -> bool:
 
 def _oom_finished(text: str) -> bool:
     """True when an OOM message ends its sentence; the fraction form always takes figure lines."""
-    if _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
+    if " would exceed allowed memory" in text and _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
         return False
     if text.rstrip().endswith(_FRACTION_LABEL_END):
         return False  # the limit's figure is on the next line

@@ -112,7 +112,7 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
-CACHE_FORMAT = 1  # bump when _rule_data changes shape
+CACHE_FORMAT = 2  # bump when _rule_data changes shape (2: pattern_literals)
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -121,6 +121,11 @@ def _rule_data(rule: Rule) -> dict:
     data["literals"] = rule.literals
     data["require_literals"] = rule.require_literals
     data["exclude_literals"] = rule.exclude_literals
+    # per pattern, the literals one of which each of its matches holds (the engine searches a pattern
+    # only in lines holding one): derived here once rather than at every start
+    from loradoctor.logs.rules.literals import derive_literals
+
+    data["pattern_literals"] = [derive_literals(p) for p in rule.patterns]
     return data
 
 
@@ -175,6 +180,10 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
             rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]
+            gates = [None if x is None else _literal_list(x) for x in d["pattern_literals"]]
+            if len(gates) != len(rule.patterns):
+                raise ValueError("pattern_literals do not match the patterns")
+            rule.pattern_literals = gates  # read by the engine (_pattern_gates)
             rules.append(rule)
     except Exception:  # noqa: BLE001 - a damaged entry is rebuilt, never fatal
         return None
