@@ -281,18 +281,31 @@ def best_of(runs: int, cmd: list[str], stdout_path: Path, env: dict) -> tuple[fl
             [r[3] for r in results])
 
 
+# A child's ru_maxrss counts the memory it had at fork, before exec: forked from this process (which
+# has loaded the rules, ~85 MB) every child, grep included, "peaked" at least that high. The children
+# are therefore started by a small launcher process, whose own ~10 MB is the floor.
+_LAUNCHER = ("import json, os, subprocess, sys, time\n"
+             "start = time.perf_counter()\n"
+             "proc = subprocess.Popen(sys.argv[2:])\n"
+             "_, status, usage = os.wait4(proc.pid, 0)\n"
+             "with open(sys.argv[1], 'w') as fh:\n"
+             "    json.dump([time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_maxrss,\n"
+             "               usage.ru_utime + usage.ru_stime], fh)\n")
+
+
 def run_child(cmd: list[str], stdout_path: Path, env: Optional[dict] = None) -> tuple[float, int, int, float]:
-    """Run cmd; return (wall s, exit code, peak RSS bytes, CPU s (user + sys)) of that child, from wait4."""
+    """Run cmd; return (wall s, exit code, peak RSS bytes, CPU s (user + sys)) of that child, from wait4
+    in a launcher process (see _LAUNCHER)."""
+    result_path = stdout_path.with_suffix(".usage.json")
     with open(stdout_path, "wb") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall_s = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.returncode not in (0, 1):
-        print(f"  {cmd[0]} ... exited {proc.returncode}: {err.strip()[-800:]}")
-    return wall_s, proc.returncode, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: KiB
+        proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(result_path), *cmd], stdout=out,
+                                stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+        _, err_bytes = proc.communicate()
+    wall_s, returncode, maxrss_kib, cpu_s = json.loads(result_path.read_text(encoding="utf-8"))
+    err = err_bytes.decode(errors="replace") if err_bytes else ""
+    if returncode not in (0, 1):
+        print(f"  {cmd[0]} ... exited {returncode}: {err.strip()[-800:]}")
+    return wall_s, returncode, maxrss_kib * 1024, cpu_s  # ru_maxrss: KiB
 
 
 def main() -> int:
