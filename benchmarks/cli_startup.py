@@ -29,7 +29,9 @@ def main() -> int:
     # bytecode as an installed package has it (written to a folder of this run, never into the checkout),
     # even where PYTHONDONTWRITEBYTECODE is set: otherwise every run measures compiling the sources
     env = dict(os.environ, LORADOCTOR_CACHE_DIR=str(tmp / "cache"), NO_COLOR="1", PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        print(f"note: PYTHONDONTWRITEBYTECODE is set in this shell; the runs go without it (bytecode under "
+              f"{tmp / 'pycache'}, written by the warm-up run), as an installed package runs")
     py = sys.executable
     cases = {
         "python -c pass": [py, "-c", "pass"],
@@ -47,6 +49,9 @@ def main() -> int:
             subprocess.run(cmd, capture_output=True, env=env)
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["python -c pass"])
+    if hasattr(os, "getloadavg"):
+        load = os.getloadavg()
+        print(f"load average after the runs: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     print(f"{'command':<34}{'median s':>10}{'vs python -c pass':>20}   ({args.rounds} interleaved rounds)")
     for name, values in times.items():
         med = statistics.median(values)

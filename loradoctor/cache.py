@@ -17,7 +17,6 @@ one-line note shown under -v (loradoctor.notes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -25,6 +24,14 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from loradoctor import notes
+
+try:  # the interpreter's own SHA-256: importing hashlib loads OpenSSL (~3 ms of every start)
+    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found]  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:  # pragma: no cover - a build without the builtin module
+        from hashlib import sha256 as _sha256  # type: ignore[no-redef]
 
 MAX_ENTRY_BYTES = 32 << 20  # the rule library is ~0.5 MB; a probe result a few kB
 
@@ -51,7 +58,7 @@ def cache_dir() -> Path:
 
 def digest(parts: Iterable[Any]) -> str:
     """A short stable hash of anything JSON can write (the key of an entry)."""
-    h = hashlib.sha256()
+    h = _sha256()
     for part in parts:
         h.update(json.dumps(part, sort_keys=True, default=str).encode("utf-8", "replace"))
         h.update(b"\0")

@@ -17,11 +17,8 @@ token, and every repetition is bounded, so a 50 MB line without a match costs on
 
 from __future__ import annotations
 
-import getpass
-import ipaddress
 import os
 import re
-import socket
 import sys
 from typing import Any, Callable, List, Optional
 
@@ -76,6 +73,8 @@ def _ipv4(m: "re.Match[str]") -> str:
 
 
 def _ipv6(m: "re.Match[str]") -> str:
+    import ipaddress  # here, not at start-up: every command imports this module
+
     text = m.group(0)
     try:
         addr = ipaddress.IPv6Address(text.split("%", 1)[0])
@@ -93,6 +92,8 @@ def _host(m: "re.Match[str]") -> str:
 
 
 def _current_user() -> Optional[str]:
+    import getpass
+
     for get in (lambda: os.environ.get("USER") or os.environ.get("LOGNAME") or os.environ.get("USERNAME"),
                 getpass.getuser):
         try:
@@ -105,6 +106,8 @@ def _current_user() -> Optional[str]:
 
 
 def _own_hostnames() -> List[str]:
+    import socket
+
     names = set()
     try:
         full = socket.gethostname()

@@ -8,7 +8,6 @@ Public API (others call these):
 
 from __future__ import annotations
 
-import datetime as _dt
 from typing import Any, Iterable, Optional
 
 
@@ -21,6 +20,8 @@ def collect_snapshot(deep: bool = False, quick: bool = False, timeout_s: Optiona
     interpreter (a training venv) instead of this one. `fresh` ignores remembered healthy child-probe results
     (probes/remember.py). Never raises for a failing probe: that section becomes
     {"error": "could not check: ..."}."""
+    import datetime as _dt  # here: `explain` imports this package for env.facts only
+
     from loradoctor import __version__
     from loradoctor.env.probes import collect
     from loradoctor.env.snapshot import SNAPSHOT_SCHEMA

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence, Finding
 
 ALTERNATIVE_CONFIDENCE = 0.3  # below any rule's own confidence: "low"
@@ -27,10 +28,10 @@ TABLE = Path(__file__).resolve().parent.parent / "data" / "differential.yaml"
 
 # a line that says a run failed: an exception line (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`,
 # lower-cased too), or a launcher / kernel / shell failure; a warning that quotes an error is none
-_FAILURE_RE = re.compile(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^Traceback \(most recent|"
+_FAILURE_RE = lazy_re(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^Traceback \(most recent|"
                          r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
                          r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b", re.I)
-_WARNING_RE = re.compile(r"warning\b|\bwarn\b", re.I)
+_WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
 
 
 @dataclass
@@ -48,27 +49,62 @@ class Guess:
     tells_apart: str = ""
 
 
+CACHE_FORMAT = 1  # bump when what _data keeps changes shape
+
+
 @functools.lru_cache(maxsize=1)
 def _data(path: Path = TABLE) -> dict[str, Any]:
-    """The table file, parsed once per process (with libyaml when present: start-up counts)."""
+    """The table file, parsed once per process and kept in the user's cache as plain JSON
+    (loradoctor/cache.py; never a pickle) while the file is unchanged: reading the JSON back
+    costs a millisecond, importing and running the YAML parser ~40 ms of every `explain`."""
+    from loradoctor import __version__, cache
+
+    try:
+        stat = path.stat()
+        key = cache.digest([__version__, str(path), stat.st_size, stat.st_mtime_ns, CACHE_FORMAT])
+    except OSError:
+        key = None
+    if key is not None:
+        data = cache.read_json("differential", key)
+        if isinstance(data, dict):
+            return data
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    if key is not None and isinstance(data, dict):
+        import json
+
+        try:
+            plain = json.loads(json.dumps(data)) == data  # only what JSON gives back unchanged is kept
+        except (TypeError, ValueError):
+            plain = False
+        if plain:
+            cache.write_json("differential", key, data)
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _alternatives_for(cause: str, path: Path = TABLE) -> list[Alternative]:
+    """The look-alikes of one verdict cause, their conditions compiled on first need."""
+    from loradoctor.logs.rules import Condition
+
+    entries = (_data(path).get("alternatives") or {}).get(cause) or []
+    return [Alternative(a["cause"], Condition(a["when"]) if a.get("when") else None, a["tells_apart"])
+            for a in entries]
 
 
 @functools.lru_cache(maxsize=1)
-def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
-    """The alternatives per verdict cause and the guesses, compiled once (titles: `cause_titles`)."""
-    from loradoctor.logs.rules import Condition
+def _guesses(path: Path = TABLE) -> list[Guess]:
+    return [Guess(g["cause"], re.compile(g["match"], re.I), list(g.get("alternatives", [])), g.get("tells_apart", ""))
+            for g in _data(path).get("guesses") or []]
 
-    data = _data(path)
-    alts = {cause: [Alternative(a["cause"], Condition(a["when"]) if a.get("when") else None, a["tells_apart"])
-                    for a in entries]
-            for cause, entries in (data.get("alternatives") or {}).items()}
-    guesses = [Guess(g["cause"], re.compile(g["match"], re.I), list(g.get("alternatives", [])), g.get("tells_apart", ""))
-               for g in data.get("guesses") or []]
-    return alts, guesses
+
+def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[Guess]]:
+    """The alternatives per verdict cause and the guesses, compiled (once; titles: `cause_titles`).
+    `explain` compiles only what it uses: the verdict's alternatives, the guesses when no rule fired."""
+    causes = (_data(path).get("alternatives") or {})
+    return {cause: _alternatives_for(cause, path) for cause in causes}, _guesses(path)
 
 
 def _entry(f: Finding, tells_apart: str) -> dict[str, Any]:
@@ -92,10 +128,9 @@ def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any
     """(finding, what tells it apart) for the causes the verdict can be confused with, plausible on these
     facts and not already found; each quotes the verdict's own evidence (the same lines read another way).
     `titles` gives a title per cause (the engine passes those of the rules)."""
-    table, _ = load_table()
     have = set(present) | {verdict.cause}
     out: list[tuple[Finding, str]] = []
-    for alt in table.get(verdict.cause, []):
+    for alt in _alternatives_for(verdict.cause):
         if alt.cause in have or (alt.when is not None and not alt.when.evaluate(values)):
             continue
         have.add(alt.cause)
@@ -122,7 +157,7 @@ def guess(tail: Sequence[Evidence], titles: dict[str, str]) -> list[tuple[Findin
     lines = failure_lines(tail)
     if not lines:
         return []
-    _, guesses = load_table()
+    guesses = _guesses()
     for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
         for g in guesses:
             if not g.match.search(line.text):

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from loradoctor.lazyre import is_pattern, lazy_re
 from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
@@ -26,13 +27,19 @@ from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, contained_in, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
 GENERIC_PENALTY = 1.0
 SEVERITY_ADJUST = {"error": 0.0, "warning": -0.15, "info": -0.3}
 MAX_MATCH_EVIDENCE = 5
+# A rule's patterns are searched only once DEFER_LINES lines have hit its literals, or at the end
+# when the rule can still fire (its require_all met, no exclude seen, its `when` true): on a short
+# log most rules whose literals hit (`out of memory` is in ~20 of them) never need their regexes
+# compiled. Past DEFER_LINES the pending lines are searched in order and the rule searches each
+# line as it comes, so a busy rule's matches, and its saturation, are those of an eager search.
+DEFER_LINES = 8
 LINE_CACHE_ENTRIES = 4096  # remembered per-line rule results (repeated warnings)
 INERT_MAX_BYTES = 2048  # longer lines are not remembered as inert (they rarely repeat verbatim)
 LINE_CACHE_MAX_CHARS = 2048
@@ -98,7 +105,12 @@ class ExplainReport:
 # ---------------------------------------------------------------------------------------------
 # matching
 
+_ASCII_DIGIT_RE = lazy_re(r"[0-9]")
+
+
 def _has_digit(text: str) -> bool:
+    if text.isascii():
+        return _ASCII_DIGIT_RE.search(text) is not None
     return any(c.isdigit() for c in text)
 
 
@@ -121,6 +133,8 @@ class _RuleState:
     matches: list = field(default_factory=list)  # (Line, match)
     required: list = field(default_factory=list)  # bool per require_all
     excluded: bool = False
+    # lines whose literals hit the rule's patterns, not searched yet (None: searched as they come)
+    pending: Optional[list] = None
 
 
 class MatchBudget:
@@ -135,6 +149,7 @@ class MatchBudget:
         self.skipped: set[int] = set()
         self.notes: list[str] = []
         self._more = 0
+        self.line_spent = 0.0  # CPU seconds of the searches since the caller last set this to 0
 
     def note(self, text: str) -> None:
         if len(self.notes) < MAX_BUDGET_NOTES:
@@ -148,10 +163,11 @@ class MatchBudget:
     def search(self, i: int, compiled, text: str, line: reader.Line):
         """compiled.search(text) within the budgets; None when skipped. Budgets count this process's
         CPU time, so a busy machine does not make a linear pattern look slow."""
-        started = time.process_time()
+        started = cpu_before = time.process_time()  # (each clock read is a system call: ~6 us)
         try:
-            for _ in range(2):
-                cpu_before = time.process_time()
+            for attempt in range(2):
+                if attempt:
+                    cpu_before = time.process_time()
                 try:
                     return compiled.search(text, timeout=MATCH_TIMEOUT_S)
                 except TimeoutError:
@@ -162,7 +178,9 @@ class MatchBudget:
                       f"{MATCH_TIMEOUT_S * 1000:.0f} ms (linear patterns take microseconds)")
             return None
         finally:
-            spent = self.spent_s.get(i, 0.0) + time.process_time() - started
+            took = time.process_time() - started
+            self.line_spent += took
+            spent = self.spent_s.get(i, 0.0) + took
             self.spent_s[i] = spent
             if spent > RULE_INPUT_BUDGET_S and i not in self.skipped:
                 self.skipped.add(i)
@@ -176,6 +194,7 @@ class Matcher:
     def __init__(self, rules: list[Rule]):
         self.rules = rules
         self.budget = MatchBudget(rules)
+        self.budgets: dict[int, MatchBudget] = {}  # per input (its index): the budget of its lines
         targets: dict[tuple[str, bool], set] = {}
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
@@ -186,33 +205,41 @@ class Matcher:
             for j, lits in enumerate(rule.exclude_literals):
                 for text, ci in lits:
                     targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
-        # a line that contains literal K also contains every literal inside K
+        # Each literal keeps its own targets: `hits` tests every literal, so a line that holds K
+        # finds the literals inside K by themselves (a digit-free J inside K is in the digit-blind
+        # line wherever K is in the line). No containment closure is needed (it was ~20 ms a start).
         keys = list(targets)
-        inside = contained_in(keys)
-        closed: dict[tuple[str, bool], set] = {}
-        for i, key in enumerate(keys):
-            acc = set(targets[key])
-            for j in inside[i]:
-                acc |= targets[keys[j]]
-            closed[key] = acc
-        self.targets = closed
         # per-line dispatch: plain substring tests are far cheaper than one big alternation. A literal
         # without digits is in a line exactly when it is in the line with every digit written as 0, so
         # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
         # byte count or timestamp is then one dict lookup; literals with digits are tested every time.
-        self._case = [(text, closed[(text, ci)]) for text, ci in keys if not ci and not _has_digit(text)]
-        self._nocase = [(text, closed[(text, ci)]) for text, ci in keys if ci and not _has_digit(text)]
-        self._case_digits = [(text, closed[(text, ci)]) for text, ci in keys if not ci and _has_digit(text)]
-        self._nocase_digits = [(text, closed[(text, ci)]) for text, ci in keys if ci and _has_digit(text)]
+        digits = {key: _has_digit(key[0]) for key in keys}
+        self._case = [(text, targets[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
+        self._nocase = [(text, targets[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
+        self._case_digits = [(text, targets[(text, ci)]) for text, ci in keys if not ci and digits[(text, ci)]]
+        self._nocase_digits = [(text, targets[(text, ci)]) for text, ci in keys if ci and digits[(text, ci)]]
         self._blind_cache: dict[str, set] = {}
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
-        self.prefilter = self._build(self.active)
+        self._prefilter = self._build(self.active)
+        self._replan: Optional[bytes] = None  # the sample of a rebuild that waits for the next block
+
+    @property
+    def prefilter(self) -> Prefilter:
+        """The block prefilter of the literals still needed. A refresh rebuilds it when it is next
+        used (the next block), so a log that ends first (a short one) never pays for the rebuild."""
+        if self._replan is not None:
+            self._prefilter = self._build(self.active)
+            self._prefilter.plan(self._replan)
+            self._replan = None
+        return self._prefilter
 
     @staticmethod
     def _build(keys: Iterable[tuple[str, bool]]) -> Prefilter:
         literals = [Literal(t, ci) for t, ci in keys] + [Literal(t, ci) for t, ci in TRIGGER_LITERALS]
+        # the notebook table header: found by the candidate scan instead of a pass of its own per block
+        literals.append(Literal(TABLE_HEAD.decode("ascii")))
         return Prefilter(literals)
 
     def refresh(self, states: list["_RuleState"], sample: bytes) -> None:
@@ -230,8 +257,7 @@ class Matcher:
         keys = {k for k, tg in self.direct.items() if any(needed(t) for t in tg)}
         if keys != self.active:
             self.active = keys
-            self.prefilter = self._build(keys)
-            self.prefilter.plan(sample)
+            self._replan = sample
 
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
@@ -262,7 +288,7 @@ def _extractor_patterns() -> list[str]:
     modules = [facts_mod] + [importlib.import_module(f"{facts_mod.__name__}.{info.name}")
                              for info in pkgutil.iter_modules(getattr(facts_mod, "__path__", []))]
     return [v.pattern if isinstance(v.pattern, str) else v.pattern.decode("latin-1")
-            for mod in modules for v in vars(mod).values() if isinstance(v, re.Pattern)]
+            for mod in modules for v in vars(mod).values() if is_pattern(v)]
 
 
 def recaser_for(rules: list[Rule]) -> reader.Recaser:
@@ -281,18 +307,22 @@ def recaser_for(rules: list[Rule]) -> reader.Recaser:
 
 
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
-                progress: Optional[Callable] = None) -> list[_RuleState]:
+                progress: Optional[Callable] = None,
+                resolve: Optional[Callable[[Rule, "_RuleState"], bool]] = None) -> list[_RuleState]:
     """One pass over every input: feed candidate lines to the collector and the rules, and
-    Trainer metric dicts (found by one regex over the raw block) to the collector's fast path."""
+    Trainer metric dicts (found by one regex over the raw block) to the collector's fast path.
+    Lines still pending for a rule at the end (DEFER_LINES) are searched when `resolve(rule,
+    state)` says the rule can still fire (all of them when `resolve` is None); the others are
+    dropped: such a rule has no match and cannot fire anyway."""
     matcher = Matcher(rules)
-    states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
+    states = [_RuleState(required=[False] * len(r.require_all), pending=[] if r.patterns else None) for r in rules]
     # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
     inert: dict[bytes, str] = {}
     changed = True  # some rule state changed since the last refresh of the literals
     for item in inputs:
         inert.clear()  # a line's rank can come from its file: repeats are judged per input
-        matcher.budget = MatchBudget(rules)
+        matcher.budget = matcher.budgets[item.index] = MatchBudget(rules)
         matcher.line_cache.clear()  # a result the budget cut short is not carried to another input
         base = 0
         done = 0
@@ -324,17 +354,19 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 collector.feed_metric_batch(records, _record_line_maker(block, base, item, joins))
                 if cut:
                     view = rest_view
-            if collector.table_open or TABLE_HEAD in block:
-                # notebook Trainer tables: their rows hold no literal, the collector reads the block
-                collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
-                                           reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
-                                                            item.rank, input_index=item.index))
             segments = matcher.prefilter.candidates(view)
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose
                 # again from this block, for the blocks that follow
                 sample = PY_METRIC_DICT_RE.sub(b"", view[: 1 << 20])
                 matcher.prefilter.plan(sample)
+            # a header is in a candidate segment (TABLE_HEAD is a prefilter literal); the metric
+            # dicts cut out of the view hold none (a header starts its line)
+            if collector.table_open or any(TABLE_HEAD in view[s.start:s.end] for s in segments):
+                # notebook Trainer tables: their rows hold no literal, the collector reads the block
+                collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
+                                           reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
+                                                            item.rank, input_index=item.index))
             pos = 0
             count = 0
             for seg in segments:
@@ -375,7 +407,12 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             if progress is not None:
                 progress(item.path, done, item.bytes if not item.compressed else None)
         item.lines = base + (0 if ends_with_newline else 1)
-        item.notes.extend(matcher.budget.finished_notes())
+    for i, (rule, state) in enumerate(zip(rules, states)):
+        if state.pending and (resolve is None or resolve(rule, state)):
+            _flush_pending(i, matcher, rules, states)
+        state.pending = None
+    for item in inputs:
+        item.notes.extend(matcher.budgets[item.index].finished_notes())
     return states
 
 
@@ -383,7 +420,7 @@ _DICT_START = b"{'loss': "
 # a plain one-line dict (PY_METRIC_DICT_RE's 4 groups) or, as group 5, any other `{'loss': ` start
 # (the shared literal prefix stays outside the alternation: the regex engine then skips to it fast)
 assert PY_METRIC_DICT_RE.pattern.startswith(rb"\{'loss': ")
-_SPLIT_RE = re.compile(rb"\{'loss': (?:" + PY_METRIC_DICT_RE.pattern[len(rb"\{'loss': "):] + rb"|())")
+_SPLIT_RE = lazy_re(rb"\{'loss': (?:" + PY_METRIC_DICT_RE.pattern[len(rb"\{'loss': "):] + rb"|())")
 
 
 def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]:
@@ -444,7 +481,7 @@ _JSON_ESCAPES = (("\\n", "\n"), ('\\"', '"'), ("\\t", "\t"), ("\\/", "/"))
 
 
 # a traceback whose line breaks were lost (pasted through a form that joins lines): where its lines began
-_FLATTENED_SPLIT_RE = re.compile(r"\s(?=Traceback \(most recent call last\):|File \"[^\"]+\", line \d+|"
+_FLATTENED_SPLIT_RE = lazy_re(r"\s(?=Traceback \(most recent call last\):|File \"[^\"]+\", line \d+|"
                                  r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt): )")
 FLATTENED_MIN_CHARS = 300
 
@@ -502,6 +539,63 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input,
     return line_at
 
 
+_GATES: dict[tuple, list] = {}
+
+
+def _pattern_gates(rule: Rule) -> list:
+    """Per pattern of the rule, the literals one of which every match of it holds (derived from the
+    pattern as for the prefilter: rules/literals.py), or None when none can be derived. A pattern
+    none of whose literals is in a line cannot match it, and is neither compiled nor searched."""
+    key = tuple(rule.patterns)
+    gates = _GATES.get(key)
+    if gates is None:
+        known = getattr(rule, "pattern_literals", None)  # derived when the rule cache was written
+        if known is None or len(known) != len(rule.patterns):
+            from loradoctor.logs.rules.literals import derive_literals
+
+            known = [derive_literals(pattern) for pattern in rule.patterns]
+        gates = [None if not derived else ([t for t, ci in derived if not ci], [t.lower() for t, ci in derived if ci])
+                 for derived in known]
+        _GATES[key] = gates
+    return gates
+
+
+def _pattern_search(i: int, rule: Rule, line: reader.Line, budget: MatchBudget):
+    """The first match of the rule's patterns in the line, or None (also when the budget skips it)."""
+    if i in budget.skipped:
+        return None
+    text = line.text
+    low = None
+    compiled = rule.compiled_patterns
+    for k, gate in enumerate(_pattern_gates(rule)):
+        if gate is not None:
+            case, nocase = gate
+            if not any(lit in text for lit in case):
+                if not nocase:
+                    continue
+                if low is None:
+                    low = text.lower()
+                if not any(lit in low for lit in nocase):
+                    continue
+        m = budget.search(i, compiled[k], text, line)
+        if m:
+            return m
+    return None
+
+
+def _flush_pending(i: int, matcher: "Matcher", rules: list[Rule], states: list[_RuleState]) -> None:
+    """Search the lines pending for rule i, in input order, and search its later lines as they come."""
+    state = states[i]
+    pending, state.pending = state.pending or [], None
+    matcher.line_cache.clear()  # cached results say "pending" for this rule
+    for line in pending:
+        if len(state.matches) >= MAX_MATCH_EVIDENCE:
+            break
+        m = _pattern_search(i, rules[i], line, matcher.budgets.get(line.input_index, matcher.budget))
+        if m is not None:
+            state.matches.append((line, m))
+
+
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
     state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
@@ -516,23 +610,21 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     if results is None:
         results = []
         budget = matcher.budget
-        line_started = time.process_time()
+        budget.line_spent = 0.0  # the regex time of this line's searches
         for kind, i, j in matcher.hits(text):
             if i in budget.skipped:
                 continue
-            if time.process_time() - line_started > LINE_BUDGET_S:
+            if budget.line_spent > LINE_BUDGET_S:
                 budget.note(f"line {line.lineno}: rules skipped after {LINE_BUDGET_S * 1000:.0f} ms of matching")
                 break
             rule, state = rules[i], states[i]
             if kind == "p":
                 if len(state.matches) >= MAX_MATCH_EVIDENCE:
                     continue
-                m = None
-                for pattern in rule.compiled_patterns:
-                    m = budget.search(i, pattern, text, line)
-                    if m:
-                        break
-                results.append((kind, i, j, m))
+                if state.pending is not None:
+                    results.append(("d", i, j, None))  # searched later (DEFER_LINES)
+                    continue
+                results.append((kind, i, j, _pattern_search(i, rule, line, budget)))
             elif kind == "r":
                 if not state.required[j]:
                     results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
@@ -543,6 +635,21 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                 cache.clear()
             cache[text] = results
     for kind, i, j, m in results:
+        if kind == "d":
+            state = states[i]
+            if len(state.matches) >= MAX_MATCH_EVIDENCE:
+                continue
+            if state.pending is not None:
+                if len(state.pending) < DEFER_LINES:
+                    state.pending.append(line)
+                    matched = True  # it may match: its repeats must not be skipped as inert
+                    continue
+                _flush_pending(i, matcher, rules, states)
+            m = _pattern_search(i, rules[i], line, matcher.budget)
+            if m is not None and len(state.matches) < MAX_MATCH_EVIDENCE:
+                state.matches.append((line, m))
+                matched = True
+            continue
         if m is None:
             continue
         state = states[i]
@@ -897,10 +1004,25 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     rules = load_rules(extra_rule_dirs) if rules is None else rules
     inputs = reader.resolve_inputs(list(paths))
     collector = FactCollector(block_metrics=True)
-    states = scan_inputs(inputs, rules, collector, progress)
-    facts = collector.finish(inputs)
+    finished: list[Facts] = []
+
+    def final_facts() -> Facts:
+        """The facts of every input with the env snapshot's (once, after the pass)."""
+        if not finished:
+            done = collector.finish(inputs)
+            done.values.update(snapshot_facts(env, done.values.get("oom.device_index")))
+            finished.append(done)
+        return finished[0]
+
+    def can_fire(rule: Rule, state: _RuleState) -> bool:
+        """All but the rule's pattern matches hold: only then are its pending lines searched."""
+        if not all(state.required) or state.excluded:
+            return False
+        return rule.condition is None or bool(rule.condition.evaluate(final_facts().values))
+
+    states = scan_inputs(inputs, rules, collector, progress, resolve=can_fire)
+    facts = final_facts()
     values = facts.values
-    values.update(snapshot_facts(env, values.get("oom.device_index")))
     cands = []
     for rule, state in zip(rules, states):
         if rule.patterns and not state.matches:

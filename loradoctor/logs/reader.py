@@ -14,7 +14,6 @@ and exists for tests and small inputs.
 from __future__ import annotations
 
 import bz2
-import calendar
 import codecs
 import gzip
 import io
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor import notes
 from loradoctor.errors import UserError
 
@@ -106,7 +106,7 @@ class Input:
 # ---------------------------------------------------------------------------------------------
 # resolving inputs
 
-_RANK_FILE_RE = re.compile(r"(?:^|[^a-z])(?:rank|local_rank|proc|worker)[_-]?(\d{1,5})(?:\D|$)", re.I)
+_RANK_FILE_RE = lazy_re(r"(?:^|[^a-z])(?:rank|local_rank|proc|worker)[_-]?(\d{1,5})(?:\D|$)", re.I)
 
 
 def rank_from_filename(name: str) -> Optional[int]:
@@ -371,14 +371,14 @@ def is_lowered(sample: bytes) -> bool:
     return sample.islower()
 
 
-_ESCAPED_SPACE_RE = re.compile(r"\\s[+*]?|\\ | \+| \*| \?")
-_ESCAPE_RE = re.compile(r"\\([^A-Za-z0-9])")
+_ESCAPED_SPACE_RE = lazy_re(r"\\s[+*]?|\\ | \+| \*| \?")
+_ESCAPE_RE = lazy_re(r"\\([^A-Za-z0-9])")
 # what ends a run of literal text in a regex: classes, escapes such as \d \w \b, groups, quantifiers
-_BREAK_RE = re.compile(r"\[(?:\\.|[^\]\\])*\]|\\[A-Za-z]|\(\?[:=!<P]?(?:<[^>]*>)?|[()|?*+{}^$]|\{\d+(?:,\d*)?\}")
-_DIGITS_RE = re.compile(r"\((?:\?P<\w+>|\?:)?\\d[+*]?(?:\{\d+(?:,\d*)?\})?\)|\\d[+*]?(?:\{\d+(?:,\d*)?\})?")
-_DIGIT_RUN_RE = re.compile(rb"\d+")
-_PHRASE_RE = re.compile(r"[A-Za-z0-9_]+(?:[ .:,'\"/=-]+[A-Za-z0-9_]+)*")
-_WORD_RE = re.compile(r"[A-Za-z0-9_]+")
+_BREAK_RE = lazy_re(r"\[(?:\\.|[^\]\\])*\]|\\[A-Za-z]|\(\?[:=!<P]?(?:<[^>]*>)?|[()|?*+{}^$]|\{\d+(?:,\d*)?\}")
+_DIGITS_RE = lazy_re(r"\((?:\?P<\w+>|\?:)?\\d[+*]?(?:\{\d+(?:,\d*)?\})?\)|\\d[+*]?(?:\{\d+(?:,\d*)?\})?")
+_DIGIT_RUN_RE = lazy_re(rb"\d+")
+_PHRASE_RE = lazy_re(r"[A-Za-z0-9_]+(?:[ .:,'\"/=-]+[A-Za-z0-9_]+)*")
+_WORD_RE = lazy_re(r"[A-Za-z0-9_]+")
 
 
 def _literal_runs(pattern: str) -> list[str]:
@@ -401,7 +401,7 @@ CASED_WORDS = ('File "', "Traceback (most recent call last):", "During handling 
                "GiB", "MiB", "KiB", "TiB")
 # single words taken on their own (outside a phrase) only when unambiguous and of these kinds: exception
 # names, size units, acronyms; other words (`Trainer`, `Free`) would turn paths and prose upper-case
-_CASED_WORD_RE = re.compile(r"[A-Z]\w*(?:Error|Exception|Warning|Interrupt)|[KMGT]iB|[A-Z][A-Z0-9]{2,}")
+_CASED_WORD_RE = lazy_re(r"[A-Z]\w*(?:Error|Exception|Warning|Interrupt)|[KMGT]iB|[A-Z][A-Z0-9]{2,}")
 
 
 class Recaser:
@@ -685,38 +685,40 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
 # ---------------------------------------------------------------------------------------------
 # normalising one line
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78]")
+_ANSI_RE = lazy_re(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>78]")
 # tqdm: "Loading checkpoint shards:  66%|██████▌   | 890/1352 [05:32<01:07,  6.89it/s]"
-_BAR_RE = re.compile(r"^[^|\r\n]{0,200}?\d{1,3}%\|[^|]{0,400}\|\s*\d+(?:\.\d+)?[kKMG]?/\d+(?:\.\d+)?[kKMG]?\s*(?:\[[^\]]*\])?")
-_BAR_TOTAL_RE = re.compile(r"(?:^|\s)(\d{1,3})%\|[^|]*\|\s*(\d+)/(\d+)\s*\[")
-_BOX_LEAD_RE = re.compile(r"^[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+")
-_BOX_TAIL_RE = re.compile(r"[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+$")
+_BAR_RE = lazy_re(r"^[^|\r\n]{0,200}?\d{1,3}%\|[^|]{0,400}\|\s*\d+(?:\.\d+)?[kKMG]?/\d+(?:\.\d+)?[kKMG]?\s*(?:\[[^\]]*\])?")
+_BAR_TOTAL_RE = lazy_re(r"(?:^|\s)(\d{1,3})%\|[^|]*\|\s*(\d+)/(\d+)\s*\[")
+_BOX_LEAD_RE = lazy_re(r"^[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+")
+_BOX_TAIL_RE = lazy_re(r"[\s│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═]+$")
 _BOX_CHARS = "│┃╭╰╮╯─━┌└┐┘├┤┬┴┼║╔╚╗╝═"
 
 # Prefixes peeled off one after the other (up to a few), each kept as metadata.
-_RANK_PREFIX_RE = re.compile(
+_RANK_PREFIX_RE = lazy_re(
     r"^\s*(?:\[(?:rank|default|Rank)\s?(\d+)\]\s*:?|(?:rank|Rank)(\d+)\s*:|\[\d+,(\d+)\]<std(?:out|err)>:)\s?"
 )
 # `srun --label` puts the task number first: `3: RuntimeError: ...`
-_SRUN_LABEL_RE = re.compile(r"^(\d{1,4}): (?=\S)")
+_SRUN_LABEL_RE = lazy_re(r"^(\d{1,4}): (?=\S)")
 # docker compose (`trainer-1  | `, v1 `proj_trainer_1 | `), the CRI stream tag kubelet writes
 # after its timestamp (`2024-05-01T10:00:00.12Z stdout F `), and the host pdsh puts before every line
 # of a multi-node DeepSpeed launch (`worker-0: `, `node07: `, `10.0.0.12: `)
-_SOURCE_PREFIX_RE = re.compile(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FP] |"
+_SOURCE_PREFIX_RE = lazy_re(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FP] |"
                                r"(?:worker|node|host|gpu|compute|trainer)[-_]?\d+: |\d{1,3}(?:\.\d{1,3}){3}: )")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 # the host is left out by some collectors (`Jan 30 17:40:12 kernel: NVRM: ...`): a host never ends with `:`
-_SYSLOG_RE = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (?:(\S*[^\s:]) )?([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
-_DMESG_UPTIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")
-_DMESG_T_RE = re.compile(r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
-_ISO_RE = re.compile(
+_SYSLOG_RE = lazy_re(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (?:(\S*[^\s:]) )?([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
+_DMESG_UPTIME_RE = lazy_re(r"^\[\s*(\d+\.\d+)\]\s?")
+_DMESG_T_RE = lazy_re(r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
+_ISO_RE = lazy_re(
     r"^\[?(\d{4})-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?(Z|[+-]\d{2}:?\d{2})?\]?(?:\s*[-|:]\s*|\s+)"
 )
-_HMS_RE = re.compile(r"^\[?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\]?\s+")
+_HMS_RE = lazy_re(r"^\[?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\]?\s+")
 
 
 def _epoch(year: int, month: int, day: int, hh: int, mm: int, ss: int, frac: str = "") -> float:
     """Seconds since the epoch, timezone-free, so logs from different machines compare alike."""
+    import calendar  # here: its import (and datetime's) is not needed before a timestamp is read
+
     try:
         base = calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0))
     except (ValueError, OverflowError):
@@ -833,12 +835,12 @@ def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
     return text[start:start + limit]
 
 
-_QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts) of a pasted log
+_QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts) of a pasted log
 # a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = re.compile(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:

@@ -50,6 +50,7 @@ ANCHOR_MAX_SHARE = 1 / 4096
 VERDICT_CACHE_ENTRIES = 4096  # remembered segment verdicts (repeated warning lines are common)
 VERDICT_MAX_BYTES = 2048
 REPLAN_MISSES = 4096  # fresh segment checks per block beyond which the anchors are re-chosen
+DEDUPE_MIN_SAMPLE = 64 << 10  # a sample at least this big: drop the literals that contain others
 
 
 def contained_in(items: Sequence[tuple[Text, bool]]) -> list[set[int]]:
@@ -114,11 +115,20 @@ class Prefilter:
         # case-insensitive literal only defers to a case-insensitive one). Of equal literals the first
         # in (length, order) stays; containment is transitive, so "contains no earlier literal" is
         # the same as "contains no kept literal".
-        keys = sorted(unique, key=lambda k: len(k[0]))
-        inside = contained_in(keys)
-        kept = [key for i, key in enumerate(keys) if not any(j < i for j in inside[i])]
-        self._kept = kept
+        # The containment test costs ~20 ms, so it waits for an input big enough to repay it (a plan
+        # on a sample of DEDUPE_MIN_SAMPLE bytes or more); until then every literal is searched, which
+        # finds the same segments.
+        self._unique = sorted(unique, key=lambda k: len(k[0]))
+        self._minimal: "list[tuple[bytes, bool]] | None" = None
+        self._kept = self._unique
         self.plan(b"")
+
+    def _minimal_literals(self) -> list[tuple[bytes, bool]]:
+        if self._minimal is None:
+            keys = self._unique
+            inside = contained_in(keys)
+            self._minimal = [key for i, key in enumerate(keys) if not any(j < i for j in inside[i])]
+        return self._minimal
 
     def plan(self, sample: bytes) -> None:
         """Choose, for each literal, its rarest byte in `sample` (the start of the input, ideally
@@ -130,6 +140,8 @@ class Prefilter:
         busy log) is searched on its own instead (bytes.find of the whole literal, on a
         lower-cased copy when it ignores case)."""
         sample = sample[:SAMPLE_BYTES]
+        if len(sample) >= DEDUPE_MIN_SAMPLE:
+            self._kept = self._minimal_literals()
         # a NUL walk visits each *segment* holding an anchor byte once, so what matters is how
         # many segments hold the byte: a letter that fills every warning line but never occurs
         # in progress bars or metric dicts is a fine anchor. Counted per byte, capped (cheap).
@@ -177,8 +189,9 @@ class Prefilter:
 
     @property
     def kept(self) -> list[tuple[bytes, bool]]:
-        """The literals searched for, as (bytes, ignore_case); ignore_case ones are lower-cased."""
-        return self._kept
+        """The literals of interest, as (bytes, ignore_case); ignore_case ones are lower-cased; none
+        that contains another (a line holding it holds the other)."""
+        return self._minimal_literals()
 
     @property
     def needles(self) -> list[bytes]:

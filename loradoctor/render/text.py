@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import textwrap
 from typing import Optional, Sequence
@@ -40,6 +39,8 @@ class Painter:
         if not tty:
             return cls()
         color = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        import shutil  # here: its import (~3 ms) is not needed before a report is written
+
         return cls(color=color, width=shutil.get_terminal_size((100, 24)).columns)
 
     def style(self, text: str, *styles: str) -> str:

@@ -234,6 +234,13 @@ class MetricsExtractor(Extractor):
         ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
     )
 
+    # fed line by line (no engine block path), Trainer dicts arrive as lines too
+    LINE_DICT_TRIGGERS = (("'loss'", False), ('"loss"', False))
+
+    @property
+    def triggers(self) -> tuple:
+        return self.TRIGGERS if self.block_metrics else self.TRIGGERS + self.LINE_DICT_TRIGGERS
+
     def __init__(self, sink: Sink, block_metrics: bool = False) -> None:
         super().__init__(sink)
         # block_metrics: the engine feeds `{'loss': ...}` dicts through feed_dict_record itself

@@ -24,6 +24,43 @@ _TAIL_TRIGGERS: TriggerLiterals = (
 )
 
 
+class Dispatch:
+    """The one dispatch of lines to extractors: a line goes to an extractor when it holds one of the
+    extractor's declared TRIGGERS (the same words the engine's prefilter decodes lines for), or
+    while the extractor has a multi-line record open. `mask(text)` has bit k set for the k-th
+    extractor whose triggers the text holds; repeated lines are one dict lookup."""
+
+    CACHE_ENTRIES = 4096
+
+    def __init__(self, triggers: Iterable[TriggerLiterals]) -> None:
+        case: dict[str, int] = {}
+        nocase: dict[str, int] = {}
+        for bit, literals in enumerate(triggers):
+            for text, ignore_case in literals:
+                table, key = (nocase, text.lower()) if ignore_case else (case, text)
+                table[key] = table.get(key, 0) | (1 << bit)
+        self._case = list(case.items())
+        self._nocase = list(nocase.items())
+        self._cache: dict[str, int] = {}
+
+    def mask(self, text: str) -> int:
+        found = self._cache.get(text)
+        if found is None:
+            found = 0
+            for literal, bits in self._case:
+                if literal in text:
+                    found |= bits
+            if self._nocase:
+                low = text.lower()
+                for literal, bits in self._nocase:
+                    if literal in low:
+                        found |= bits
+            if len(self._cache) >= self.CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[text] = found
+        return found
+
+
 def is_errorish(text: str) -> bool:
     """Does the line look like an error (for the tail shown when nothing is recognised)?"""
     low = text.lower()
@@ -48,6 +85,7 @@ class FactCollector(Sink):
         # extractor takes the line, and the metric records before it
         self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
                                                   self.dist, self.host)
+        self.dispatch = Dispatch(e.triggers for e in self.extractors)
 
     @property
     def idle(self) -> bool:
@@ -68,8 +106,11 @@ class FactCollector(Sink):
         touched = not self.idle
         if line.rank is not None:
             self.ranks.add(line.rank)
+        wanted = self.dispatch.mask(text)
         for extractor in self.extractors:
-            touched |= extractor.feed(line)
+            if wanted & 1 or extractor.open:
+                touched |= extractor.feed(line)
+            wanted >>= 1
         if is_errorish(text):
             self.note_errorish(line)
         return touched

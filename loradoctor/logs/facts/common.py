@@ -120,6 +120,12 @@ class Extractor:
         self.sink = sink
 
     @property
+    def triggers(self) -> TriggerLiterals:
+        """What dispatches lines to this extractor: its TRIGGERS (an instance fed differently may
+        declare more)."""
+        return self.TRIGGERS
+
+    @property
     def open(self) -> bool:
         return False
 

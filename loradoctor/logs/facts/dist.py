@@ -9,6 +9,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, MAX_MS, MAX_RANK, Extractor, Sink, _bounded_int
 
 @dataclass
@@ -21,10 +22,10 @@ class ChildFailed:
     host: Optional[str] = None
 
 
-_CF_RANK_RE = re.compile(r"^\s*rank\s*:\s*(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
-_CF_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
-_CF_SIGNAL_RE = re.compile(r"Signal (\d+) \((SIG\w+)\)")
-_CF_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
+_CF_RANK_RE = lazy_re(r"^\s*rank\s*:\s*(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_CF_EXIT_RE = lazy_re(r"^\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+_CF_SIGNAL_RE = lazy_re(r"Signal (\d+) \((SIG\w+)\)")
+_CF_HOST_RE = lazy_re(r"^\s*host\s*:\s*(\S+)")
 
 
 def _signal_name(exit_code: int) -> Optional[str]:
@@ -81,11 +82,11 @@ class WatchdogTimeout:
     op: Optional[str]
 
 
-_WATCHDOG_RE = re.compile(r"(?:\[Rank (\d+)\]\s*)?(?:Watchdog caught collective operation timeout|collective operation "
+_WATCHDOG_RE = lazy_re(r"(?:\[Rank (\d+)\]\s*)?(?:Watchdog caught collective operation timeout|collective operation "
                           r"timeout|Timeout at NCCL work:)|NCCL communicator was aborted on rank (\d+)", re.I)
-_TIMEOUT_MS_RE = re.compile(r"Timeout\(ms\)=(\d+)")
-_RAN_MS_RE = re.compile(r"ran for (\d+) milliseconds")
-_OPTYPE_RE = re.compile(r"OpType=(\w+)")
+_TIMEOUT_MS_RE = lazy_re(r"Timeout\(ms\)=(\d+)")
+_RAN_MS_RE = lazy_re(r"ran for (\d+) milliseconds")
+_OPTYPE_RE = lazy_re(r"OpType=(\w+)")
 
 
 def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
@@ -101,10 +102,10 @@ def parse_watchdog_timeout(text: str) -> Optional[WatchdogTimeout]:
                            ran_ms=_bounded_int(r.group(1), MAX_MS) if r else None, op=o.group(1) if o else None)
 
 
-_NRANKS_RE = re.compile(r"\bn[Rr]anks[ =:]\s*(\d+)")
-_WORLD_SIZE_RE = re.compile(r"\bWORLD_SIZE\s*[=:]\s*['\"]?(\d+)|\bworld_size\s*[=:]\s*(\d+)")
-_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
-_NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?!\s*:)")
+_NRANKS_RE = lazy_re(r"\bn[Rr]anks[ =:]\s*(\d+)")
+_WORLD_SIZE_RE = lazy_re(r"\bWORLD_SIZE\s*[=:]\s*['\"]?(\d+)|\bworld_size\s*[=:]\s*(\d+)")
+_NPROC_RE = lazy_re(r"--nproc[_-]per[_-]node[= ](\d+)")
+_NNODES_RE = lazy_re(r"--nnodes[= ](\d+)(?!\s*:)")
 
 
 def silent_ranks(world_size: Optional[int], timeout_ranks: Iterable[int]) -> Optional[list[int]]:
@@ -116,7 +117,7 @@ def silent_ranks(world_size: Optional[int], timeout_ranks: Iterable[int]) -> Opt
     return [r for r in range(world_size) if r not in reported]
 
 
-_NCCL_ERROR_RE = re.compile(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|"
+_NCCL_ERROR_RE = lazy_re(r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclInvalidUsage|"
                             r"ncclRemoteError|ncclInvalidArgument|unhandled system error|NCCL communicator was aborted")
 
 
@@ -133,6 +134,7 @@ class DistExtractor(Extractor):
         ("NCCL error", False), ("NCCL communicator", False), ("nccl", False), ("unhandled system error", False),
         # world size for dist.silent_ranks
         ("nranks", False), ("nRanks", False), ("nproc", False), ("WORLD_SIZE", False), ("world_size", False),
+        ("--nnodes", False),
     )
 
     def __init__(self, sink: Sink) -> None:
@@ -161,12 +163,11 @@ class DistExtractor(Extractor):
                 or "communicator was aborted on rank" in text:
             self._timeout(line)
             touched = True
-        if ("NCCL" in text or "nccl" in text or "unhandled system error" in text) and _NCCL_ERROR_RE.search(text):
+        if _NCCL_ERROR_RE.search(text):
             self._nccl_errors += 1
             self.sink._evidence("dist", line)
             touched = True
-        if "nranks" in text or "nRanks" in text or "WORLD_SIZE" in text or "world_size" in text or "--n" in text:
-            self._world_size(text)  # a running maximum: a repeat adds nothing
+        self._world_size(text)  # a running maximum: a repeat adds nothing
         return touched
 
     def _cf_open(self, line: Any) -> None:

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
 from loradoctor.units import MAX_PLAUSIBLE_BYTES
 
@@ -20,9 +21,9 @@ class OomKill:
 # `Out of memory: Killed process`, `Memory cgroup out of memory: Killed process`, `oom-kill:... Kill process`:
 # the prefixes are optional, so the regex starts at `Kill` (an optional `:?\s*` before it rescanned a
 # long run of spaces from each of them)
-_OOM_KILL_RE = re.compile(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
-_BARE_KILLED_RE = re.compile(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
-_EXIT_CODE_RE = re.compile(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
+_OOM_KILL_RE = lazy_re(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
+_BARE_KILLED_RE = lazy_re(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
+_EXIT_CODE_RE = lazy_re(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
                            r"\s*(?:[:=]\s*)?(-?\d+)", re.I)  # not `\s*[:=]?\s*`: two runs that split the same
                                                                # whitespace in n ways (tab padding: 3.2 s a line)
 
@@ -54,24 +55,23 @@ def parse_exit_code(text: str) -> Optional[int]:
     return None
 
 
-_CODE43_RE = re.compile(r"\(?Code 43\)?|Problem Code:\s*43\b")
+_CODE43_RE = lazy_re(r"\(?Code 43\)?|Problem Code:\s*43\b")
 # (a name of at most 80 characters: each lazy step's lookahead scans the spaces after it)
-_DEVICE_NAME_RE = re.compile(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
+_DEVICE_NAME_RE = lazy_re(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
 
 
 class HostExtractor(Extractor):
     TRIGGERS = (
         ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
         ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
+        # the rest of _EXIT_CODE_RE's words (`failed (exitcode: -9)`, `exit_code: 137`, `exited with code`)
+        ("exitcode", True), ("exit_code", True), ("exited with", True),
     )
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        touched = False
-        if "ill" in text:
-            touched |= self._killed(line)
-        if "Code 43" in text or "Problem Code" in text:
-            touched |= self._code43(line)
+        touched = self._killed(line)
+        touched |= self._code43(line)
         code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
         if code is not None and code in (137, -9):
             self.sink._set_first({"killed.exit_code": code})

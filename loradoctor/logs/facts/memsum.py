@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int, _size
 
 
@@ -24,9 +24,9 @@ class MemorySummary:
         return {f"memsum.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_MEMSUM_ROW_RE = re.compile(r"^\|?\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|\s*"
+_MEMSUM_ROW_RE = lazy_re(r"^\|?\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|\s*"
                             r"(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|\s*(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|")
-_MEMSUM_COUNTERS_RE = re.compile(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*(\d+)")
+_MEMSUM_COUNTERS_RE = lazy_re(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*(\d+)")
 
 
 def parse_memory_summary(lines: Iterable[str]) -> Optional[MemorySummary]:

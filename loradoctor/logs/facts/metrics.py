@@ -9,13 +9,14 @@ import math
 import re
 from typing import Any, Iterable, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import _NUMBER, _float, _size
 from loradoctor.logs.facts.tables import BAR_LOSS_KEYS as _BAR_LOSS_KEYS
 from loradoctor.logs.facts.tables import SPACED_KEYS as _SPACED_KEYS
 from loradoctor.logs.facts.tables import TABLE_KEYS as _TABLE_KEYS
 from loradoctor.logs.facts.tables import WANDB_KEYS as _WANDB_KEYS
 
-_METRIC_RE = re.compile(
+_METRIC_RE = lazy_re(
     r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
     + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
@@ -25,12 +26,12 @@ _METRIC_RE = re.compile(
 # characters later (quadratic in effect: 960 KB took 17 s).
 _PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
                    rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^{}\r\n]{0,4000})\}")
-PY_METRIC_DICT_RE = re.compile(_PY_METRIC_DICT)  # one line, never a newline inside
-METRIC_DICT_RE = re.compile(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
+PY_METRIC_DICT_RE = lazy_re(_PY_METRIC_DICT)  # one line, never a newline inside
+METRIC_DICT_RE = lazy_re(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 # values bare or quoted (`"loss": "1.85"`); a quoted number must end where its string ends
-_JSON_PAIR_RE = re.compile(rb'"([^"\r\n]{1,80})":\s*"?(-?[0-9][0-9.eE+-]*|-?Infinity|NaN|nan)(?=[\s,}"\]]|$)')
-_DICT_PAIR_RE = re.compile(rb"'([^']{1,80})': ([^,}]+)")
-_UNIT_IN_KEY_RE = re.compile(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
+_JSON_PAIR_RE = lazy_re(rb'"([^"\r\n]{1,80})":\s*"?(-?[0-9][0-9.eE+-]*|-?Infinity|NaN|nan)(?=[\s,}"\]]|$)')
+_DICT_PAIR_RE = lazy_re(rb"'([^']{1,80})': ([^,}]+)")
+_UNIT_IN_KEY_RE = lazy_re(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
 
 
 def _bfloat(text: bytes) -> float:
@@ -51,9 +52,9 @@ def _bfloats(texts: Iterable[bytes]) -> list:
 
 
 
-_SPACED_MEMORY_KEY_RE = re.compile(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (allocated|reserved|used|active|Allocated|Reserved|Used|Active)\b")
-_ITER_LINE_RE = re.compile(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
-_SPACED_METRIC_RE = re.compile(
+_SPACED_MEMORY_KEY_RE = lazy_re(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (allocated|reserved|used|active|Allocated|Reserved|Used|Active)\b")
+_ITER_LINE_RE = lazy_re(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
+_SPACED_METRIC_RE = lazy_re(
     r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
     r"\s+(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)  # not `\d+\.?\d*`: quadratic
 
@@ -87,9 +88,9 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
     return out or None
 
 
-_TORCHTUNE_BAR_RE = re.compile(r"^(\d+)\|(\d+)\|Loss: (" + _NUMBER + r"):")
+_TORCHTUNE_BAR_RE = lazy_re(r"^(\d+)\|(\d+)\|Loss: (" + _NUMBER + r"):")
 # (from the last `[` before the rate: a lazy run across `[`s rescanned the line from each of them)
-_BAR_POSTFIX_RE = re.compile(r"\[[^\[\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
+_BAR_POSTFIX_RE = lazy_re(r"\[[^\[\]]*?(?:it/s|s/it)\s*,([^\]]*)\]")
 
 
 def parse_bar_postfix(text: str) -> Optional[dict[str, Any]]:
@@ -134,12 +135,12 @@ def _metric_bytes(key: str, value: Any) -> Optional[int]:
     return _size(f"{value}{unit}")
 
 
-_PEFT_RE = re.compile(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
+_PEFT_RE = lazy_re(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
 _FLOAT = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
-_APEX_OVERFLOW_RE = re.compile(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
-_DS_OVERFLOW_RE = re.compile(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
+_APEX_OVERFLOW_RE = lazy_re(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
+_DS_OVERFLOW_RE = lazy_re(r"OVERFLOW! Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
 # older DeepSpeed / fused optimizers: "Overflow detected. Skipping step. Attempted loss scale: 1024, reducing to 512"
-_OLD_OVERFLOW_RE = re.compile(r"Overflow detected\.\s+Skipping step\.?(?:.*(?:reducing to|[Aa]ttempted loss scale:)\s*"
+_OLD_OVERFLOW_RE = lazy_re(r"Overflow detected\.\s+Skipping step\.?(?:.*(?:reducing to|[Aa]ttempted loss scale:)\s*"
                               + _FLOAT + ")?")
 
 
@@ -151,12 +152,12 @@ _OLD_OVERFLOW_RE = re.compile(r"Overflow detected\.\s+Skipping step\.?(?:.*(?:re
 # step (`50  0.693100  0.693147`, `1  No log  0.69`). The rows hold no trigger literal, so the
 # engine hands whole blocks that contain TABLE_HEAD to FactCollector.feed_table_block.
 TABLE_HEAD = b"Training Loss"
-_TABLE_HEAD_RE = re.compile(rb"^[ \t|]*(?:Step|Epoch)[ \t|]+Training Loss(?![\w])[^\r\n]*", re.M)
+_TABLE_HEAD_RE = lazy_re(rb"^[ \t|]*(?:Step|Epoch)[ \t|]+Training Loss(?![\w])[^\r\n]*", re.M)
 _TABLE_CELL = r"(?:No log|None|-|" + _NUMBER + r")"
-_TABLE_ROW_RE = re.compile(r"^[ \t|]*\d+(?:\.\d+)?(?:[ \t|]+" + _TABLE_CELL + r")+[ \t|]*$")
-_TABLE_CELL_RE = re.compile(r"No log|[^\s|]+")
-_TABLE_RULE_RE = re.compile(r"^[ \t|:+=\-]*-{3}[ \t|:+=\-]*$")  # a markdown / ascii separator row
-_TABLE_COLUMN_RE = re.compile(r"Training Loss|Validation Loss|Train Loss|Eval Loss|Grad Norm|Learning Rate|[^\s|]+")
+_TABLE_ROW_RE = lazy_re(r"^[ \t|]*\d+(?:\.\d+)?(?:[ \t|]+" + _TABLE_CELL + r")+[ \t|]*$")
+_TABLE_CELL_RE = lazy_re(r"No log|[^\s|]+")
+_TABLE_RULE_RE = lazy_re(r"^[ \t|:+=\-]*-{3}[ \t|:+=\-]*$")  # a markdown / ascii separator row
+_TABLE_COLUMN_RE = lazy_re(r"Training Loss|Validation Loss|Train Loss|Eval Loss|Grad Norm|Learning Rate|[^\s|]+")
 _TABLE_MAX_ROWS = 100_000  # rows kept for replay (a notebook table has one per logging step)
 
 
@@ -193,7 +194,7 @@ def parse_table_row(text: str, columns: list[str]) -> Optional[dict[str, Any]]:
 # `wandb:               train/loss nan` in the `wandb: Run summary:` block printed when a run ends
 # (the `Run history:` lines hold sparklines, not numbers)
 # (after a timestamp or a `[rank0]:`-style prefix too)
-_WANDB_VALUE_RE = re.compile(r"(?:^|[\s\]|:])wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
+_WANDB_VALUE_RE = lazy_re(r"(?:^|[\s\]|:])wandb:\s+([A-Za-z_][\w/.\-]*)\s+(" + _NUMBER + r")\s*$")
 
 
 def parse_wandb_value(text: str) -> Optional[tuple[str, float]]:

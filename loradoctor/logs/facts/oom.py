@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import _SIZE, MAX_ID, MAX_RANK, Extractor, Sink, _bounded_int, _size
 from loradoctor.logs.facts.metrics import METRIC_DICT_RE
 from loradoctor.logs.facts.tables import OOM_FIGURE_FIELDS as _FIGURE_FIELDS
@@ -44,32 +45,34 @@ class OomMessage:
         return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_OOM_HEAD_RE = re.compile(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
 # "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
-_OOM_BARE_RE = re.compile(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
-_OOM_G1_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_G1_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
-_OOM_IPEX_RE = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
+_OOM_IPEX_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                           + r" reserved in total by PyTorch\)")
-_OOM_TOTAL_RE = re.compile(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
-_OOM_PROCESS_RE = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
-_OOM_THIS_RE = re.compile(r"this process has " + _SIZE + r" memory in use")
-_OOM_ALLOWED_RE = re.compile(_SIZE + r" allowed;")
-_OOM_ALLOCATED_RE = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
-_OOM_PRIVATE_RE = re.compile(r"with " + _SIZE + r" allocated in private pools")
-_OOM_UNALLOCATED_RE = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
+_OOM_TOTAL_RE = lazy_re(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OOM_PROCESS_RE = lazy_re(r"Process (\d+) has " + _SIZE + r" memory in use")
+_OOM_THIS_RE = lazy_re(r"this process has " + _SIZE + r" memory in use")
+_OOM_ALLOWED_RE = lazy_re(_SIZE + r" allowed;")
+_OOM_ALLOCATED_RE = lazy_re(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_OOM_PRIVATE_RE = lazy_re(r"with " + _SIZE + r" allocated in private pools")
+_OOM_UNALLOCATED_RE = lazy_re(_SIZE + r" is reserved by PyTorch but unallocated")
 # the one-figure clauses of the G3-G5 message and the field each fills
-_OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes"), (_OOM_ALLOWED_RE, "allowed_bytes"),
-                (_OOM_ALLOCATED_RE, "allocated_bytes"), (_OOM_PRIVATE_RE, "private_pool_bytes"),
-                (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes"))
+# (with the words every match of each holds: a regex is only compiled and searched where they are)
+_OOM_CLAUSES = ((_OOM_THIS_RE, "this_process_bytes", "this process has "), (_OOM_ALLOWED_RE, "allowed_bytes", " allowed;"),
+                (_OOM_ALLOCATED_RE, "allocated_bytes", "Of the allocated memory "),
+                (_OOM_PRIVATE_RE, "private_pool_bytes", " allocated in private pools"),
+                (_OOM_UNALLOCATED_RE, "reserved_unallocated_bytes", " is reserved by PyTorch but unallocated"))
 # Apple: `MPS backend out of memory (MPS allocated: 17.07 GB, other allocations: 1.22 GB, max allowed:
 # 18.13 GB). Tried to allocate 256.00 MB on private pool.` (PyTorch prints 1024-based sizes as GB/MB)
-_OOM_MPS_RE = re.compile(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
+_OOM_MPS_RE = lazy_re(r"MPS backend out of memory \(MPS allocated: " + _SIZE + r", other allocations: " + _SIZE
                          + r", max allowed: " + _SIZE + r"\)\.?(?:\s*Tried to allocate " + _SIZE + r")?")
 # the memory-fraction form: `Allocation on device 0 would exceed allowed memory. (out of memory)`,
 # then one figure a line (`Currently allocated     : 5.17 GiB`, `Requested : 20.00 MiB`, ...)
-_OOM_FRACTION_RE = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
-_OOM_FIGURE_RE = re.compile(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
+_OOM_FRACTION_RE = lazy_re(r"Allocation on device (\d+) would exceed allowed memory")
+_OOM_FIGURE_RE = lazy_re(r"(Currently allocated|Requested|Device limit|Free \(according to CUDA\)|PyTorch limit"
                             r"(?: \([^)]*\))?)\s*:\s*" + _SIZE)
 
 
@@ -91,12 +94,12 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     OOM message."""
     m = _OOM_HEAD_RE.search(text)
     if not m:
-        mps = _OOM_MPS_RE.search(text)
+        mps = _OOM_MPS_RE.search(text) if "MPS backend out of memory (MPS allocated: " in text else None
         if mps:
             return _drop_implausible(OomMessage(
                 era="mps", allocated_bytes=_mps_size(mps.group(1)), non_pytorch_bytes=_mps_size(mps.group(2)),
                 allowed_bytes=_mps_size(mps.group(3)), requested_bytes=_mps_size(mps.group(4))))
-        frac = _OOM_FRACTION_RE.search(text)
+        frac = _OOM_FRACTION_RE.search(text) if " would exceed allowed memory" in text else None
         if frac:
             msg = OomMessage(era="fraction", device_index=_bounded_int(frac.group(1), MAX_RANK))
             for f in _OOM_FIGURE_RE.finditer(text, frac.end()):
@@ -116,7 +119,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
             if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) and not limited:
                 msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
             return msg
-        bare = _OOM_BARE_RE.search(text)
+        bare = _OOM_BARE_RE.search(text) if " out of memory" in text else None
         return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
     rest = text[m.end():]
@@ -125,7 +128,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         hint = "expandable_segments"
     elif "max_split_size_mb" in rest:
         hint = "max_split_size_mb"
-    g1 = _OOM_G1_RE.search(rest)
+    g1 = _OOM_G1_RE.search(rest) if " already allocated; " in rest else None
     if g1:
         msg = OomMessage(era="G2" if "max_split_size_mb" in rest else "G1", requested_bytes=requested,
                          device_index=_bounded_int(g1.group(1), MAX_RANK), total_bytes=_size(g1.group(2)),
@@ -136,7 +139,7 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         if None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
         return _drop_implausible(msg)
-    ipex = _OOM_IPEX_RE.search(rest)
+    ipex = _OOM_IPEX_RE.search(rest) if " reserved in total by PyTorch)" in rest else None
     if ipex:
         # intel-extension-for-pytorch's XPU message: the G1 layout without the free figure
         msg = OomMessage(era="ipex", requested_bytes=requested, device_index=_bounded_int(ipex.group(1), MAX_RANK),
@@ -155,20 +158,20 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     else:
         era = "G4"
     msg = OomMessage(era=era, requested_bytes=requested, hint=hint)
-    t = _OOM_TOTAL_RE.search(rest)
+    t = _OOM_TOTAL_RE.search(rest) if " has a total capac" in rest else None
     if t:
         msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
-    clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)]
+    clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)] if " memory in use" in rest else []
     clauses = [(pid, o) for pid, o in clauses if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
     others = [o for _, o in clauses]
     if others:
         msg.other_process_bytes = sum(others)
         msg.other_process_count = len(others)
         msg.other_pids = " ".join(dict.fromkeys(pid for pid, _ in clauses))
-    for regex, name in _OOM_CLAUSES:
-        clause = regex.search(rest)
+    for regex, name, words in _OOM_CLAUSES:
+        clause = regex.search(rest) if words in rest else None
         if clause:
             setattr(msg, name, _size(clause.group(1)))
     msg = _drop_implausible(msg)
@@ -226,7 +229,7 @@ def _held_back(msg: OomMessage, text: str) -> bool:
 
 def _oom_finished(text: str) -> bool:
     """True when an OOM message ends its sentence; the fraction form always takes figure lines."""
-    if _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
+    if " would exceed allowed memory" in text and _OOM_FRACTION_RE.search(text) and not _OOM_FIGURE_RE.search(text):
         return False
     if text.rstrip().endswith(_FRACTION_LABEL_END):
         return False  # the limit's figure is on the next line
@@ -289,7 +292,7 @@ class RawPosition(NamedTuple):
             _records_before_line(self.block, self.line_in_block) if self.has_records else 0)
 
 
-_BAR_TAIL_RE = re.compile(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
+_BAR_TAIL_RE = lazy_re(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,400}\|\s*(\d+)/(\d+)\s*\[[^\]\r\n]*(?:it/s|s/it)\]")
 
 
 def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:

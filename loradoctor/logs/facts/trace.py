@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
 from loradoctor.logs.facts.tables import LOCATIONS as _LOCATIONS
@@ -13,14 +14,14 @@ from loradoctor.logs.facts.tables import MOVE_FRAMES as _MOVE_FRAMES
 from loradoctor.logs.facts.tables import SPECIFIC_PHASES as _SPECIFIC
 from loradoctor.logs.facts.tables import STEP_FRAMES as _STEP_FRAMES
 
-_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-_RICH_FRAME_RE = re.compile(r"^(\S+\.py):(\d+) in (\S+)\s*$")
-_IPYTHON_FRAME_RE = re.compile(r"^File (\S+?):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\(")
-_OLD_IPYTHON_FRAME_RE = re.compile(r"^(\S+\.py) in ()([\w<>]+)\(")
-_RICH_WRAPPED_HEAD_RE = re.compile(r"^(\S+\.py):$")
-_RICH_WRAPPED_TAIL_RE = re.compile(r"^(\d+) in (\S+)$")
-_EXC_RE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
-_LOAD_SOURCE_RE = re.compile(r"(?:model|net|unet|transformer|encoder|vae|module|pipe)\w*\s*\.\s*(?:to|cuda)\(", re.I)
+_FRAME_RE = lazy_re(r'File "([^"]+)", line (\d+), in (\S+)')
+_RICH_FRAME_RE = lazy_re(r"^(\S+\.py):(\d+) in (\S+)\s*$")
+_IPYTHON_FRAME_RE = lazy_re(r"^File (\S+?):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\(")
+_OLD_IPYTHON_FRAME_RE = lazy_re(r"^(\S+\.py) in ()([\w<>]+)\(")
+_RICH_WRAPPED_HEAD_RE = lazy_re(r"^(\S+\.py):$")
+_RICH_WRAPPED_TAIL_RE = lazy_re(r"^(\d+) in (\S+)$")
+_EXC_RE = lazy_re(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
+_LOAD_SOURCE_RE = lazy_re(r"(?:model|net|unet|transformer|encoder|vae|module|pipe)\w*\s*\.\s*(?:to|cuda)\(", re.I)
 
 
 def location_from_frames(frames: list[tuple[str, str]], sources: Iterable[str] = ()) -> Optional[str]:

@@ -3,10 +3,10 @@ and GPUs that fell off the bus."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int
 
 @dataclass
@@ -19,14 +19,14 @@ class XidEvent:
     fell_off_bus: bool = False
 
 
-_XID_MONITOR_RE = re.compile(r"XidCriticalError: Xid=(\d+)|DCGM_FI_DEV_XID_ERRORS\{[^}]*\}\s+(\d+)\b")
-_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)[^)]*\):\s*(\d+)"
+_XID_MONITOR_RE = lazy_re(r"XidCriticalError: Xid=(\d+)|DCGM_FI_DEV_XID_ERRORS\{[^}]*\}\s+(\d+)\b")
+_XID_RE = lazy_re(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)[^)]*\):\s*(\d+)"
                      r"(?:,\s*pid=('<unknown>'|<unknown>|\d+))?(?:,\s*name=([^,]*))?(?:,\s*(.*))?")
-_BUS_RE = re.compile(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at (?:PCI:)?)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
+_BUS_RE = lazy_re(r"NVRM: (?:GPU |The NVIDIA GPU )(?:at (?:PCI:)?)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
                      r".*fallen off the bus")
 # the driver's three-line form: `NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:2335) installed
 # in this system has` / `NVRM: fallen off the bus and is not responding to commands.`
-_BUS_TAIL_RE = re.compile(r"NVRM:.*\bfallen off the bus")
+_BUS_TAIL_RE = lazy_re(r"NVRM:.*\bfallen off the bus")
 
 
 def parse_xid(text: str) -> Optional[XidEvent]:
@@ -65,26 +65,24 @@ class XidExtractor(Extractor):
         self._xid_numbers: list[int] = []
 
     def feed(self, line: Any) -> bool:
-        text = line.text
-        if "NVRM" in text or "Xid=" in text or "XID_ERRORS" in text:
-            self._xid(line)
-            return True
-        return False
+        return self._xid(line)
 
-    def _xid(self, line: Any) -> None:
+    def _xid(self, line: Any) -> bool:
+        """True when the line is an Xid or fallen-off-the-bus line (each one counts)."""
         event = parse_xid(line.text)
         if event is None:
-            return
+            return False
         self.sink._evidence("xid", line)
         if event.fell_off_bus:
             self.sink.values["xid.fell_off_bus"] = True
         if event.xid is None:
-            return
+            return True
         self._xid_count += 1
         if event.xid not in self._xid_numbers:
             self._xid_numbers.append(event.xid)
         self.sink._set_first({"xid.first": event.xid, "xid.pci": event.pci, "xid.pid": event.pid,
                          "xid.process": event.process})
+        return True
 
 
     def publish(self, values: dict[str, Any]) -> None:

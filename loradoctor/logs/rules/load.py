@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from loradoctor.errors import UserError
+from loradoctor.logs.rules.condition import Condition
 from loradoctor.logs.rules.model import Rule, build_rule
 from loradoctor.logs.rules.redos import timed_regex_problems
 from loradoctor.logs.rules.schema import builtin_rules_dir, load_schema, validate_schema
@@ -161,7 +162,7 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
-CACHE_FORMAT = 2  # bump when _rule_data changes shape
+CACHE_FORMAT = 3  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals)
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -170,6 +171,11 @@ def _rule_data(rule: Rule) -> dict:
     data["literals"] = rule.literals
     data["require_literals"] = rule.require_literals
     data["exclude_literals"] = rule.exclude_literals
+    # per pattern, the literals one of which each of its matches holds (the engine searches a pattern
+    # only in lines holding one): derived here once rather than at every start
+    from loradoctor.logs.rules.literals import derive_literals
+
+    data["pattern_literals"] = [derive_literals(p) for p in rule.patterns]
     return data
 
 
@@ -182,10 +188,24 @@ def _literal_list(items: list) -> list[tuple[str, bool]]:
     return out
 
 
+class _ParsedOnUse(Condition):
+    """A cached rule's `when`, parsed on first use: it was checked when the cache entry was written,
+    and `explain` on a short log evaluates few of them (parsing all cost ~10 ms of every start)."""
+
+    def __init__(self, expr: str) -> None:  # the parse is deferred to the first attribute it makes
+        self.expr = expr
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or "_parsing" in self.__dict__:
+            raise AttributeError(name)
+        self.__dict__["_parsing"] = True
+        Condition.__init__(self, self.expr)
+        return getattr(self, name)
+
+
 def _rules_from_data(data: object) -> "list[Rule] | None":
     """Rules from _rule_data's output; None when the data is not that (damaged, another version)."""
     from loradoctor.findings import Fix
-    from loradoctor.logs.rules.condition import Condition
     from loradoctor.logs.rules.model import LazyRegexes
 
     if not isinstance(data, list):
@@ -207,10 +227,14 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.compiled_patterns = LazyRegexes(rule.patterns)
             rule.compiled_require = LazyRegexes(rule.require_all)
             rule.compiled_exclude = LazyRegexes(rule.exclude)
-            rule.condition = Condition(rule.when) if rule.when else None
+            rule.condition = _ParsedOnUse(rule.when) if rule.when else None
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
             rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]
+            gates = [None if x is None else _literal_list(x) for x in d["pattern_literals"]]
+            if len(gates) != len(rule.patterns):
+                raise ValueError("pattern_literals do not match the patterns")
+            rule.pattern_literals = gates  # read by the engine (_pattern_gates)
             rules.append(rule)
     except Exception:  # noqa: BLE001 - a damaged entry is rebuilt, never fatal
         return None
