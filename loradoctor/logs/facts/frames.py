@@ -37,7 +37,7 @@ class Frame(NamedTuple):
 _Q = "\"“”'"
 # `File "path", line N, in func`: searched (a `[rank2]:` or `traceback :` lead stays harmless), all
 # of a line's frames (a markdown render joins a pasted traceback into one paragraph)
-_CPYTHON_RE = re.compile(r"\bFile [" + _Q + r"]([^" + _Q + r"]+)[" + _Q + r"], line (\d+)(?:, in ([^\s,\"]*))?", re.I)
+_CPYTHON_RE = re.compile(r"\bFile [" + _Q + r"]([^" + _Q + r"]+)[" + _Q + r"], line (\d+)(?:, in ([\w<>.]*))?", re.I)
 # `File /x/trainer.py:1885, in Trainer.train(self, ...)`; the path may hold spaces (`C:\Program Files`)
 _IPYTHON_RE = re.compile(r"^File (.+?):(\d+), in ((?:[\w<>]+\.)*)([\w<>]+)", re.I)
 # `/x/trainer.py in train(self, ...)`

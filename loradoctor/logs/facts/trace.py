@@ -72,6 +72,8 @@ class TraceExtractor(Extractor):
         text = line.text
         if "ost recent call last" in text or "OST RECENT CALL LAST" in text:
             self._open_trace(line, headerless=False)
+            for frame in parse_frames(text):  # a markdown render joins the traceback into one line
+                self._add_frame(frame, line)
             return
         if not self._in_trace:
             # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header, and
