@@ -161,3 +161,17 @@ def test_the_rule_cache_keeps_the_fix_conditions(tmp_path, monkeypatch):
     assert [f.text for f in cap.fixes_for({"trace.bnb_4bit": True})] == \
         [f.text for f in {r.id: r for r in first}["oom-capacity"].fixes_for({"trace.bnb_4bit": True})]
     assert FOUR_BIT not in [f.text for f in cap.fixes_for({"trace.bnb_4bit": True})]
+
+
+MICRO_BATCH = "Smaller micro-batch, same effective batch"
+
+
+@pytest.mark.parametrize("line,kept", [
+    ("  Instantaneous batch size per device = 1", False),
+    ("TrainingArguments(per_device_train_batch_size=1, gradient_accumulation_steps=16)", False),
+    ("micro_batch_size: 1", False),
+    ("  Instantaneous batch size per device = 4", True),
+    ("per_device_eval_batch_size=1", True),
+])
+def test_micro_batch_of_one_drops_the_smaller_batch_fix(tmp_path, line, kept):
+    assert (MICRO_BATCH in _capacity_fixes(tmp_path, line + "\n" + STEP + OOM + "\n")) is kept
