@@ -118,8 +118,17 @@ def rich_wrapped(frames):  # a narrow console wraps `path.py:N in func` after th
     return out + ["╰" + "─" * 60 + "╯", OOM]
 
 
+def rich_wrapped_at_in(frames):  # the same, wrapped before or after ` in `
+    out = ["╭" + "─" * 10 + " Traceback (most recent call last) " + "─" * 10 + "╮"]
+    for k, (n, (path, _, fn)) in enumerate(enumerate(frames, 100)):
+        head, tail = (f"{SITE}{path}:{n}", f"in {fn}") if k % 2 else (f"{SITE}{path}:{n} in", fn)
+        out += [f"│ {head}".ljust(60) + " │", f"│ {tail}".ljust(60) + " │", "│".ljust(60) + " │"]
+    return out + ["╰" + "─" * 60 + "╯", OOM]
+
+
 DIALECTS = {"cpython": cpython, "windows": windows, "rank": rank, "lower": lower, "markdown": markdown,
-            "ipython": ipython, "ipython_old": ipython_old, "rich": rich, "rich_wrapped": rich_wrapped}
+            "ipython": ipython, "ipython_old": ipython_old, "rich": rich, "rich_wrapped": rich_wrapped,
+            "rich_wrapped_at_in": rich_wrapped_at_in}
 
 
 def collect(lines):

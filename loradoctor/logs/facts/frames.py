@@ -47,8 +47,10 @@ _RICH_RE = re.compile(r"^(\S.*?\.py):(\d+) in (\S+)\s*$", re.I)
 # the notebook cell frames
 _CELL_RE = re.compile(r"^(?:(Cell In ?\[\d*\]), line (\d+)(?:, in ([\w<>]+))?|(Input In ?\[\d*\]), in ([\w<> :]+)\(|"
                       r"(<ipython-input-[\w-]+>) in ([\w<> :]+)\()", re.I)
-RICH_WRAPPED_HEAD_RE = re.compile(r"^(\S.*?\.py):$", re.I)
-RICH_WRAPPED_TAIL_RE = re.compile(r"^(\d+) in (\S+)$")
+# a rich frame wrapped onto two box lines: `path.py:` + `1885 in train`, `path.py:1885` + `in train`,
+# `path.py:1885 in` + `train`
+_RICH_HEAD_RE = re.compile(r"^(\S.*?\.py):(?:(\d+)( in)?)?$", re.I)
+_RICH_TAILS = (re.compile(r"^(\d+) in ([\w<>.]+)$"), re.compile(r"^in ([\w<>.]+)$", re.I), re.compile(r"^([\w<>.]+)$"))
 # `----> 12 trainer.train()` / `-> 1885     return inner_training_loop(`: the line of the frame above
 ARROW_RE = re.compile(r"^-*> ?(\d+)\b")
 
@@ -79,6 +81,27 @@ def parse_frames(text: str) -> list[Frame]:
                 return [Frame(m.group(4), 0, m.group(5), "cell")]
             return [Frame(m.group(6), 0, m.group(7), "cell")]
     return []
+
+
+def rich_wrapped_head(text: str) -> Optional[tuple[str, int, int]]:
+    """The first box line of a wrapped rich frame: (path, line or 0, which tail form completes it)."""
+    if ".py" not in text and ".PY" not in text:
+        return None
+    m = _RICH_HEAD_RE.match(text)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2) or 0), 0 if m.group(2) is None else (2 if m.group(3) else 1)
+
+
+def rich_wrapped_frame(head: tuple[str, int, int], text: str) -> Optional[Frame]:
+    """The frame a wrapped rich head and the box line after it make, or None."""
+    path, lineno, form = head
+    m = _RICH_TAILS[form].match(text)
+    if m is None:
+        return None
+    if form == 0:
+        return Frame(path, int(m.group(1)), _short(m.group(2)), "rich")
+    return Frame(path, lineno, _short(m.group(1)), "rich")
 
 
 def _short(func: str) -> str:

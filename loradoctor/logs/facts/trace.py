@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
-from loradoctor.logs.facts.frames import (ARROW_RE, RICH_WRAPPED_HEAD_RE, RICH_WRAPPED_TAIL_RE, Frame,
-                                          location_from_frames, parse_frames, shows_bnb_4bit)
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, location_from_frames, parse_frames, rich_wrapped_frame,
+                                          rich_wrapped_head, shows_bnb_4bit)
 
 _EXC_RE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
 
@@ -40,7 +40,7 @@ class TraceExtractor(Extractor):
         self._sources: list[tuple[int, str]] = []  # source lines under the frames: (frame index, text)
         self._headerless = False  # frames seen without `Traceback (most recent call last):`
         self._last_frame_lineno = 0
-        self._rich_path: Optional[tuple[str, int]] = None  # a rich frame wrapped after `path.py:`
+        self._rich_path: Optional[tuple[tuple, int]] = None  # a rich frame wrapped after `path.py:`: (head, lineno)
         self._oom_trace_done = False  # trace.location was taken from the traceback ending the OOM
         self._trace_count = 0
         self._trace_start: Optional[Evidence] = None
@@ -88,9 +88,9 @@ class TraceExtractor(Extractor):
         found = parse_frames(text)
         if not found and self._rich_path is not None and line.lineno == self._rich_path[1] + 1:
             # rich wraps `path.py:698 in func` onto two box lines: `path.py:` then `698 in func`
-            w = RICH_WRAPPED_TAIL_RE.match(text)
-            if w:
-                self._add_frame(Frame(self._rich_path[0], int(w.group(1)), w.group(2).rsplit(".", 1)[-1], "rich"), line)
+            w = rich_wrapped_frame(self._rich_path[0], text)
+            if w is not None:
+                self._add_frame(w, line)
                 self._rich_path = None
                 return
         self._rich_path = None
@@ -98,9 +98,9 @@ class TraceExtractor(Extractor):
             for frame in found:
                 self._add_frame(frame, line)
             return
-        w = RICH_WRAPPED_HEAD_RE.match(text)
-        if w:
-            self._rich_path = (w.group(1), line.lineno)
+        head = rich_wrapped_head(text)
+        if head is not None:
+            self._rich_path = (head, line.lineno)
             return
         e = _EXC_RE.match(text)
         if e and not text.startswith(("During handling", "The above exception")):
