@@ -1,5 +1,5 @@
 """Environment / hardware / distributed family: traceback locations of sharded checkpoint saves
-(facts `_LOCATIONS`), and the real-log shapes of the QA round that a fixture alone would not pin
+(loradoctor/data/frames.yaml), and the real-log shapes of the QA round that a fixture alone would not pin
 down (which rule wins, which stays silent)."""
 
 from __future__ import annotations

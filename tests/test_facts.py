@@ -22,7 +22,7 @@ MIB = 1 << 20
 def test_fact_names_match_docs():
     text = (ROOT / "docs" / "facts.md").read_text()
     names = []
-    for n in re.findall(r"`((?:oom|memsum|metrics|peft|trace|xid|dist|killed|code43|input|env)\.[a-z0-9_]+)`", text):
+    for n in re.findall(r"`((?:oom|memsum|metrics|peft|trace|config|xid|dist|killed|code43|input|env)\.[a-z0-9_]+)`", text):
         if n not in names:
             names.append(n)
     assert names == list(KNOWN_FACTS)

@@ -45,6 +45,14 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("oom-non-pytorch-library/pos-cublas-alloc-failed-linear.log", "lower"): "oom.non_pytorch -> cuda.illegal_access: not fixed yet",
     ("oom-other-process-nvidia-smi/pos-cublas-alloc-then-smi.log", "lower"): "oom.other_process -> cuda.illegal_access: not fixed yet",
     ("trainoutput-loss-zero/pos-completion-collator-bf16.log", "lower"): "loss.zero -> None: not fixed yet",
+    # the rotation moved again with branch frames' four dialect fixtures: the same answer on main 5f9adf9
+    ("oom-host-ram-compiler-killed/pos-flash-attn-cicc-sig9.log", "lower"): "oom.host_ram -> env.extension_build: not fixed yet",
+    ("oom-model-load-frames/pos-unsloth-vllm-load-memoryerror.log", "rich"): "oom.model_load -> oom.capacity: rich crops the function names at the box edge",
+    ("oom-model-load-whole-model-request/pos-hip-final-line-mi210.log", "lower"): "oom.model_load -> oom.capacity: not fixed yet",
+    ("oom-other-process-nvidia-smi/pos-notebook-cut-message-then-smi.log", "line_numbers"): "oom.other_process -> oom.capacity: not fixed yet",
+    ("oom-shm-df-full/pos-df-only-container.log", "lower"): "oom.shm -> None: not fixed yet",
+    ("printed-loss-tensor-nan-fp16/pos-half-model-print-loss.log", "wrap80"): "nan.fp16_overflow -> None: not fixed yet",
+    ("torchtune-bar-loss-nan-fp16/pos-distributed-rank-prefixed.log", "lower"): "nan.fp16_overflow -> None: not fixed yet",
 }
 
 

@@ -740,7 +740,7 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         cause=rule.cause, rule=rule.id, severity=rule.severity, confidence=confidence,
         title=render_template(rule.title, values, first_match),
         summary=render_template(rule.summary, values, first_match), evidence=evidence, facts=copied,
-        fixes=[_filled_fix(f, values, first_match) for f in rule.fixes], repro=rule.repro, references=list(rule.references),
+        fixes=[_filled_fix(f, values, first_match) for f in rule.fixes_for(values)], repro=rule.repro, references=list(rule.references),
         area=rule.cause.split(".", 1)[0],
     )
     return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,

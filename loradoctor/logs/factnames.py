@@ -25,7 +25,9 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
     "metrics.mem_rising_records", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
     # trace
-    "trace.count", "trace.exception", "trace.message", "trace.location",
+    "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
+    # config
+    "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size",
     # xid
     "xid.count", "xid.numbers", "xid.first", "xid.pci", "xid.pid", "xid.process", "xid.fell_off_bus",
     # dist

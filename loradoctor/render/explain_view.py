@@ -206,6 +206,12 @@ def rule_doc(rule: "Rule") -> str:
         out.append(f"  {i}. {fix.text}")
         if fix.command:
             out += [f"       {line}" for line in fix.command.splitlines()]
+        when = rule.fix_when[i - 1] if i <= len(rule.fix_when) else None
+        unless = rule.fix_unless[i - 1] if i <= len(rule.fix_unless) else None
+        if when:
+            out.append(f"       (offered only when: {when})")
+        if unless:
+            out.append(f"       (left out when: {unless})")
     if not rule.fixes:
         out.append("  (none)")
     out += ["", "Confirm on this machine: " + (f"loradoctor repro run {rule.repro}" if rule.repro else "(no repro test)")]

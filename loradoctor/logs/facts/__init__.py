@@ -7,10 +7,12 @@ One module per extractor family, each a pure parser of text (unit-tested on its 
 - `memsum`: `torch.cuda.memory_summary()` tables (`parse_memory_summary`).
 - `metrics` (line parsers) and `aggregate` (the MetricsExtractor): Trainer records, tables, wandb
   summaries, overflows, PEFT counts; their streaming aggregates (`LossAggregate`).
-- `trace`: tracebacks and the phase their frames name (`location_from_frames`).
+- `frames`: one parser for every traceback dialect (`parse_frames` -> `Frame`s) and the phase a frame
+  list names (`location_from_frames`, tables in loradoctor/data/frames.yaml).
+- `trace`: tracebacks, their exception and phase, bitsandbytes 4-bit frames.
 - `dist`: torchrun's ChildFailedError, NCCL timeouts and errors, world size.
 - `xid`: kernel Xid lines.  `host`: the OOM killer, `Killed`, exit 137, Code 43.
-- `tables`: frame names and metric keys as plain data.
+- `tables`: metric keys and other small tables as plain data.
 - `collector`: `FactCollector` feeds every line to every extractor in one streaming pass, keeps
   the first event of each group (the root) plus counts, and returns the `Facts`.
 
@@ -28,7 +30,7 @@ from loradoctor.logs.facts.metrics import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TA
                                            parse_bar_postfix, parse_metric_record, parse_table_row,
                                            parse_wandb_value, table_columns)
 from loradoctor.logs.facts.oom import HELD_BACK_OOM_FORMS, OomMessage, RawPosition, parse_oom_message
-from loradoctor.logs.facts.trace import location_from_frames
+from loradoctor.logs.facts.frames import Frame, location_from_frames, parse_frames
 from loradoctor.logs.facts.xid import XidEvent, parse_xid
 
 __all__ = [
@@ -37,5 +39,5 @@ __all__ = [
     "OomKill", "is_bare_killed", "parse_exit_code", "parse_oom_killer", "MemorySummary", "parse_memory_summary",
     "METRIC_DICT_RE", "PY_METRIC_DICT_RE", "TABLE_HEAD", "_metric_bytes", "parse_bar_postfix",
     "parse_metric_record", "parse_table_row", "parse_wandb_value", "table_columns", "HELD_BACK_OOM_FORMS",
-    "OomMessage", "RawPosition", "parse_oom_message", "location_from_frames", "XidEvent", "parse_xid",
+    "OomMessage", "RawPosition", "parse_oom_message", "Frame", "location_from_frames", "parse_frames", "XidEvent", "parse_xid",
 ]

@@ -14,6 +14,7 @@ from loradoctor.logs.facts.host import HostExtractor
 from loradoctor.logs.facts.memsum import MemsumExtractor
 from loradoctor.logs.facts.oom import OomExtractor, RawPosition
 from loradoctor.logs.facts.tables import ERRORISH_WORDS
+from loradoctor.logs.facts.config import ConfigExtractor
 from loradoctor.logs.facts.trace import TraceExtractor
 from loradoctor.logs.facts.xid import XidExtractor
 
@@ -81,10 +82,11 @@ class FactCollector(Sink):
         self.xid = XidExtractor(self)
         self.dist = DistExtractor(self)
         self.host = HostExtractor(self)
+        self.config = ConfigExtractor(self)
         # the feeding order: the OOM extractor reads the traceback's frames before the trace
         # extractor takes the line, and the metric records before it
         self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
-                                                  self.dist, self.host)
+                                                  self.dist, self.host, self.config)
         self.dispatch = Dispatch(e.triggers for e in self.extractors)
 
     @property
@@ -172,7 +174,7 @@ class FactCollector(Sink):
 
 def trigger_literals(extractors: tuple[type[Extractor], ...] = (
         OomExtractor, MetricsExtractor, MemsumExtractor, TraceExtractor, XidExtractor, DistExtractor,
-        HostExtractor)) -> TriggerLiterals:
+        HostExtractor, ConfigExtractor)) -> TriggerLiterals:
     """Every extractor's trigger literals, and the tail's: the engine's prefilter adds them."""
     out: list[tuple[str, bool]] = []
     for extractor in extractors:

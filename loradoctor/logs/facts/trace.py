@@ -1,56 +1,21 @@
-"""trace: Python tracebacks (plain, rich boxes, IPython), the exception that ends them and the
-phase (load / save / eval / generate / optimizer / backward / forward) their frames name."""
+"""trace: Python tracebacks (every dialect frames.parse_frames reads), the exception that ends them,
+the phase (load / merge / save / eval / generate / optimizer / backward / forward) their frames name,
+and whether they run through bitsandbytes' 4-bit path (trace.bnb_4bit)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
-from loradoctor.logs.facts.tables import LOCATIONS as _LOCATIONS
-from loradoctor.logs.facts.tables import MOVE_FRAMES as _MOVE_FRAMES
-from loradoctor.logs.facts.tables import SPECIFIC_PHASES as _SPECIFIC
-from loradoctor.logs.facts.tables import STEP_FRAMES as _STEP_FRAMES
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, location_from_frames, parse_frames, rich_wrapped_frame,
+                                          rich_wrapped_head, shows_bnb_4bit)
 
-_FRAME_RE = lazy_re(r'File "([^"]+)", line (\d+), in (\S+)')
-_RICH_FRAME_RE = lazy_re(r"^(\S+\.py):(\d+) in (\S+)\s*$")
-_IPYTHON_FRAME_RE = lazy_re(r"^File (\S+?):(\d+), in (?:[\w<>]+\.)*([\w<>]+)\(")
-_OLD_IPYTHON_FRAME_RE = lazy_re(r"^(\S+\.py) in ()([\w<>]+)\(")
-_RICH_WRAPPED_HEAD_RE = lazy_re(r"^(\S+\.py):$")
-_RICH_WRAPPED_TAIL_RE = lazy_re(r"^(\d+) in (\S+)$")
 _EXC_RE = lazy_re(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
-_LOAD_SOURCE_RE = lazy_re(r"(?:model|net|unet|transformer|encoder|vae|module|pipe)\w*\s*\.\s*(?:to|cuda)\(", re.I)
 
-
-def location_from_frames(frames: list[tuple[str, str]], sources: Iterable[str] = ()) -> Optional[str]:
-    """Phase from (file, function) frames, outermost first: load / save / eval / generate /
-    optimizer / backward / forward, or None. Load/save/eval/generate come from the innermost frame
-    that names one of them (closest to the exception); a `.to`/`.cuda` frame, or a source line such
-    as `model = model.to(self.device)`, means load when no training-step frame is in the traceback
-    (a user function named `train` does not count); then optimizer, backward, forward."""
-    names = dict(_LOCATIONS)
-    for _, fn in reversed(frames):
-        for phase in _SPECIFIC:
-            if fn in names[phase]:
-                return phase
-    funcs = {fn for _, fn in frames}
-    if not funcs & _STEP_FRAMES:
-        if funcs & _MOVE_FRAMES or any(_LOAD_SOURCE_RE.search(src) for src in sources):
-            return "load"
-    if any(fn == "step" and "optim" in path for path, fn in frames) or "optimizer_step" in funcs:
-        return "optimizer"
-    for phase in ("backward", "forward"):
-        if funcs & names[phase]:
-            return phase
-    return None
-
-
-
-def _dialect_frame(text: str) -> Optional[re.Match]:
-    """A frame line of the rich or IPython traceback dialects."""
-    return _RICH_FRAME_RE.match(text) or _IPYTHON_FRAME_RE.match(text) or _OLD_IPYTHON_FRAME_RE.match(text)
+__all__ = ["TraceExtractor", "location_from_frames", "Frame", "parse_frames"]
 
 
 _HEADERLESS_GAP = 60  # lines after the last frame of a traceback without header that still belong to it
@@ -72,11 +37,11 @@ class TraceExtractor(Extractor):
     def __init__(self, sink: Sink) -> None:
         super().__init__(sink)
         self._in_trace = False
-        self._frames: list[tuple[str, str]] = []
-        self._sources: list[str] = []  # source lines shown under the frames (load hints)
+        self._frames: list[Frame] = []
+        self._sources: list[tuple[int, str]] = []  # source lines under the frames: (frame index, text)
         self._headerless = False  # frames seen without `Traceback (most recent call last):`
         self._last_frame_lineno = 0
-        self._rich_path: Optional[tuple[str, int]] = None  # a rich frame wrapped after `path.py:`
+        self._rich_path: Optional[tuple[tuple, int]] = None  # a rich frame wrapped after `path.py:`: (head, lineno)
         self._oom_trace_done = False  # trace.location was taken from the traceback ending the OOM
         self._trace_count = 0
         self._trace_start: Optional[Evidence] = None
@@ -87,8 +52,8 @@ class TraceExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if "Traceback" in text or self._in_trace or 'File "' in text or _EXC_RE.match(text) \
-                or (".py" in text and _dialect_frame(text) is not None):
+        if self._in_trace or "raceback" in text or "RACEBACK" in text or _EXC_RE.match(text) \
+                or parse_frames(text):
             self._trace(line)
             return True
         return False
@@ -99,45 +64,51 @@ class TraceExtractor(Extractor):
             return None
         if self._headerless and line.lineno - self._last_frame_lineno > _HEADERLESS_GAP:
             return None
-        return location_from_frames(self._frames, self._sources)
+        return location_from_frames(self._frames, self._source_texts())
+
+    def _source_texts(self) -> list[str]:
+        return [src for _, src in self._sources]
 
     def _trace(self, line: Any) -> None:
         text = line.text
-        if "Traceback (most recent call last)" in text:
+        if "ost recent call last" in text or "OST RECENT CALL LAST" in text:
             self._open_trace(line, headerless=False)
+            for frame in parse_frames(text):  # a markdown render joins the traceback into one line
+                self._add_frame(frame, line)
             return
         if not self._in_trace:
             # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header, and
             # the rich / IPython dialects pasted from their middle (no box top, no `Traceback` banner)
-            if _FRAME_RE.search(text) or _dialect_frame(text) is not None:
+            if parse_frames(text):
                 self._open_trace(line, headerless=True)
             else:
                 return
         elif self._headerless and line.lineno - self._last_frame_lineno > _HEADERLESS_GAP:
             self._in_trace = False
             return
-        m = _FRAME_RE.search(text) or _RICH_FRAME_RE.match(text) or _IPYTHON_FRAME_RE.match(text) \
-            or _OLD_IPYTHON_FRAME_RE.match(text)
-        if m is None and self._rich_path is not None and line.lineno == self._rich_path[1] + 1:
+        found = parse_frames(text)
+        if not found and self._rich_path is not None and line.lineno == self._rich_path[1] + 1:
             # rich wraps `path.py:698 in func` onto two box lines: `path.py:` then `698 in func`
-            w = _RICH_WRAPPED_TAIL_RE.match(text)
-            if w:
-                self._add_frame(self._rich_path[0], w.group(2), line)
+            w = rich_wrapped_frame(self._rich_path[0], text)
+            if w is not None:
+                self._add_frame(w, line)
                 self._rich_path = None
                 return
         self._rich_path = None
-        if m:
-            self._add_frame(m.group(1), m.group(3), line)
+        if found:
+            for frame in found:
+                self._add_frame(frame, line)
             return
-        w = _RICH_WRAPPED_HEAD_RE.match(text)
-        if w:
-            self._rich_path = (w.group(1), line.lineno)
+        head = rich_wrapped_head(text)
+        if head is not None:
+            self._rich_path = (head, line.lineno)
             return
         e = _EXC_RE.match(text)
         if e and not text.startswith(("During handling", "The above exception")):
             self._trace_count += 1
             self._in_trace = False
-            loc = location_from_frames(self._frames, self._sources)
+            loc = location_from_frames(self._frames, self._source_texts())
+            self._note_bnb()
             if self._trace_count == 1:
                 if self._trace_start is not None:
                     self.sink.groups.setdefault("trace", []).append(self._trace_start)
@@ -156,7 +127,12 @@ class TraceExtractor(Extractor):
                 else:
                     self.sink.values.pop("trace.location", None)
         elif self._frames and len(self._sources) < 200 and text and not text.startswith(("^", "~")):
-            self._sources.append(text)  # the source line under a frame
+            last = self._frames[-1]
+            if last.line == 0 and "> " in text[:12]:  # old IPython: `-> 1539     return inner_training_loop(`
+                a = ARROW_RE.match(text)
+                if a:
+                    self._frames[-1] = last._replace(line=int(a.group(1)))
+            self._sources.append((len(self._frames) - 1, text))  # the source line under a frame
 
     def _open_trace(self, line: Any, headerless: bool) -> None:
         self._in_trace = True
@@ -168,11 +144,17 @@ class TraceExtractor(Extractor):
         if self._trace_count == 0:
             self._trace_start = Evidence(file=line.file, line=line.lineno, text=line.quote())
 
-    def _add_frame(self, path: str, func: str, line: Any) -> None:
+    def _add_frame(self, frame: Frame, line: Any) -> None:
         self._last_frame_lineno = line.lineno
         if len(self._frames) < 200:
-            self._frames.append((path, func))
+            self._frames.append(frame)
+
+    def _note_bnb(self) -> None:
+        if self._frames and "trace.bnb_4bit" not in self.sink.values and shows_bnb_4bit(self._frames, self._sources):
+            self.sink.values["trace.bnb_4bit"] = True
 
     def publish(self, values: dict[str, Any]) -> None:
+        if self._in_trace:
+            self._note_bnb()  # a traceback the log cut off before its exception
         if self._trace_count:
             values["trace.count"] = self._trace_count

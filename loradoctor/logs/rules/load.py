@@ -162,7 +162,7 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
-CACHE_FORMAT = 3  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals)
+CACHE_FORMAT = 4  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals; 4: a fix may carry when / unless)
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -206,7 +206,7 @@ class _ParsedOnUse(Condition):
 def _rules_from_data(data: object) -> "list[Rule] | None":
     """Rules from _rule_data's output; None when the data is not that (damaged, another version)."""
     from loradoctor.findings import Fix
-    from loradoctor.logs.rules.model import LazyRegexes
+    from loradoctor.logs.rules.model import LazyRegexes, compile_fix_conditions
 
     if not isinstance(data, list):
         return None
@@ -219,6 +219,7 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
                 prefilter=list(d["prefilter"]), require_all=list(d["require_all"]), exclude=list(d["exclude"]),
                 when=d["when"], facts=list(d["facts"]),
                 fixes=[Fix(text=f["text"], command=f["command"]) for f in d["fixes"]],
+                fix_when=[f.get("when") for f in d["fixes"]], fix_unless=[f.get("unless") for f in d["fixes"]],
                 repro=d["repro"], consequence_of=list(d["consequence_of"]), outranks=list(d["outranks"]),
                 outranks_reason=d["outranks_reason"], generic=bool(d["generic"]),
                 references=list(d["references"]), falsepositives=d["falsepositives"], docs=d["docs"],
@@ -228,6 +229,7 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.compiled_require = LazyRegexes(rule.require_all)
             rule.compiled_exclude = LazyRegexes(rule.exclude)
             rule.condition = _ParsedOnUse(rule.when) if rule.when else None
+            compile_fix_conditions(rule)
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
             rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]

@@ -45,6 +45,10 @@ class Rule:
     condition: Optional[Condition] = field(default=None, repr=False)
     # every rule id this one outranks, directly or through others -> the first hop (set at load)
     outranks_closure: Optional[dict] = field(default=None, repr=False)
+    # per fix, the sources of its optional `when:` / `unless:` (None: none), and their compiled forms
+    fix_when: list = field(default_factory=list, repr=False)
+    fix_unless: list = field(default_factory=list, repr=False)
+    fix_conditions: list = field(default_factory=list, repr=False)  # (when, unless) Conditions per fix
     literals: list = field(default_factory=list, repr=False)  # (text, ignore_case) for patterns
     require_literals: list = field(default_factory=list, repr=False)  # per require_all regex
     exclude_literals: list = field(default_factory=list, repr=False)  # per exclude regex
@@ -59,17 +63,53 @@ class Rule:
             return self.outranks_closure.get(other_id)
         return other_id if other_id in self.outranks else None
 
+    def fixes_for(self, facts) -> list[Fix]:
+        """The fixes whose `when:` holds and whose `unless:` does not (a fix already applied is dropped)."""
+        if not any(w or u for w, u in self.fix_conditions):
+            return list(self.fixes)
+        return [fix for fix, (when, unless) in zip(self.fixes, self.fix_conditions)
+                if (when is None or when.evaluate(facts)) and (unless is None or not unless.evaluate(facts))]
+
     def to_dict(self) -> dict:
         return {
             "id": self.id, "cause": self.cause, "title": self.title, "severity": self.severity,
             "confidence": self.confidence, "patterns": self.patterns, "prefilter": self.prefilter,
             "require_all": self.require_all, "exclude": self.exclude, "when": self.when, "facts": self.facts,
-            "summary": self.summary, "fixes": [{"text": f.text, "command": f.command} for f in self.fixes],
+            "summary": self.summary, "fixes": [_fix_dict(f, w, u) for f, w, u in zip(self.fixes, self.fix_when or [None] * len(self.fixes),
+                                                           self.fix_unless or [None] * len(self.fixes))],
             "repro": self.repro, "consequence_of": self.consequence_of, "outranks": self.outranks,
             "outranks_reason": self.outranks_reason, "generic": self.generic,
             "references": self.references, "falsepositives": self.falsepositives, "docs": self.docs,
             "source": self.source,
         }
+
+
+def _fix_dict(fix: Fix, when: Optional[str], unless: Optional[str]) -> dict:
+    data = {"text": fix.text, "command": fix.command}
+    if when:
+        data["when"] = when
+    if unless:
+        data["unless"] = unless
+    return data
+
+
+def compile_fix_conditions(rule: Rule, problems: Optional[list] = None) -> None:
+    """Fill `fix_conditions` from `fix_when` / `fix_unless`; a bad condition is a problem (or raises)."""
+    rule.fix_conditions = []
+    for i, fix in enumerate(rule.fixes):
+        pair = []
+        for key, sources in (("when", rule.fix_when), ("unless", rule.fix_unless)):
+            source = sources[i] if i < len(sources) else None
+            cond = None
+            if source:
+                try:
+                    cond = Condition(source)
+                except ConditionError as exc:
+                    if problems is None:
+                        raise
+                    problems.append(f"fixes[{i}].{key}: {exc}")
+            pair.append(cond)
+        rule.fix_conditions.append(tuple(pair))
 
 
 def _compile_regex(pattern: str):
@@ -117,6 +157,8 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         prefilter=list(data.get("prefilter", [])), require_all=list(data.get("require_all", [])),
         exclude=list(data.get("exclude", [])), when=data.get("when"), facts=list(data.get("facts", [])),
         fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])],
+        fix_when=[f.get("when") for f in data.get("fixes", [])],
+        fix_unless=[f.get("unless") for f in data.get("fixes", [])],
         repro=data.get("repro"), consequence_of=list(data.get("consequence_of", [])),
         outranks=list(data.get("outranks", [])), outranks_reason=data.get("outranks_reason", "") or "",
         generic=bool(data.get("generic", False)), references=list(data.get("references", [])),
@@ -154,6 +196,7 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
             rule.condition = Condition(rule.when)
         except ConditionError as exc:
             problems.append(f"when: {exc}")
+    compile_fix_conditions(rule, problems)
     for name in rule.facts:
         if name not in KNOWN_FACT_SET:
             problems.append(f"facts: unknown fact {name!r} (see docs/facts.md)")

@@ -1,0 +1,56 @@
+"""config: what the log says the run already uses, so that a fix already applied is not offered again
+(a rule's `fixes:` item with `unless:`). `config.load_in_4bit`: `load_in_4bit=True` in a
+BitsAndBytesConfig / argument dump / YAML or JSON config echo; `config.gradient_checkpointing`:
+`gradient_checkpointing=True` (TrainingArguments dump, config echo), transformers' warning that
+`use_cache=True` is incompatible with gradient checkpointing, or a traceback frame in
+torch/utils/checkpoint.py; `config.micro_batch_size`: the Trainer's `Instantaneous batch size per device = N`,
+`per_device_train_batch_size=N` or axolotl's `micro_batch_size: N`. (bitsandbytes' 4-bit frames are
+trace.bnb_4bit.)"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from loradoctor.lazyre import lazy_re
+from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
+
+# `load_in_4bit=True`, `"load_in_4bit": true`, `load_in_4bit: true`, `_load_in_4bit=True` (a quantization
+# config repr), `--load_in_4bit True`; not `=False`, not `bnb_4bit_...`
+_FOUR_BIT_RE = lazy_re(r"load_in_4bit[\"']?\s*(?:[:=]\s*|\s)[\"']?(?:true|1)\b", re.I)
+_CHECKPOINTING_RE = lazy_re(r"(?<![\w.])gradient_checkpointing[\"']?\s*(?:[:=]\s*|\s)[\"']?(?:true|1)\b"
+                               r"|is incompatible with gradient checkpointing"
+                               r"|torch[/\\]utils[/\\]checkpoint\.py", re.I)
+
+# `  Instantaneous batch size per device = 4`, `per_device_train_batch_size=4`, `"per_device_train_batch_size": 4`,
+# `micro_batch_size: 4` (axolotl)
+_MICRO_BATCH_RE = lazy_re(r"(?:Instantaneous batch size per device =|(?<![\w.])(?:per_device_train_batch_size|micro_batch_size)"
+                             r"[\"']?\s*[:=])\s*(\d{1,7})\b", re.I)
+
+
+class ConfigExtractor(Extractor):
+    TRIGGERS = (("load_in_4bit", True), ("gradient_checkpointing", True),
+                ("incompatible with gradient checkpointing", True), ("checkpoint.py", True),
+                ("batch size per device", True), ("per_device_train_batch_size", True), ("micro_batch_size", True),
+                # source lines under bitsandbytes frames (`out = bnb.matmul_4bit(...)`): trace.bnb_4bit
+                ("_4bit", True))
+
+    def feed(self, line: Any) -> bool:
+        text = line.text
+        low = text.lower()
+        values = self.sink.values
+        if "load_in_4bit" in low and "config.load_in_4bit" not in values and _FOUR_BIT_RE.search(text):
+            values["config.load_in_4bit"] = True
+            self.sink._evidence("config", line)
+            return True
+        if "checkpoint" in low and "config.gradient_checkpointing" not in values and _CHECKPOINTING_RE.search(text):
+            values["config.gradient_checkpointing"] = True
+            self.sink._evidence("config", line)
+            return True
+        if "batch" in low and "config.micro_batch_size" not in values:
+            m = _MICRO_BATCH_RE.search(text)
+            if m:
+                values["config.micro_batch_size"] = _bounded_int(m.group(1), MAX_ID)
+                self.sink._evidence("config", line)
+                return True
+        return False

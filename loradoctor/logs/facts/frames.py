@@ -1,0 +1,199 @@
+"""frames: one parser for the traceback dialects, a normalised frame list, and the phase it names.
+
+Dialects (`Frame.dialect`), each also lower-cased, behind `[rankN]:` prefixes (the reader peels them)
+and with Windows paths:
+
+- `cpython`: `File "/x/trainer.py", line 1885, in train` (quotes may be typographic after a markdown
+  render, which also drops `<module>` and several frames can share one joined line);
+- `ipython`: IPython 8 / Jupyter / Colab, `File /x/trainer.py:1885, in Trainer.train(self, ...)`;
+- `ipython-old`: IPython 7, `/x/trainer.py in train(self, resume_from_checkpoint, ...)` (the line
+  number comes from the `-> 1885` arrow under it);
+- `cell`: the notebook's own frame, `Cell In[7], line 3`, `Input In [7], in <cell line: 3>()`,
+  `<ipython-input-7-abc> in <module>()`;
+- `rich`: a rich box's `/x/trainer.py:1885 in train` (the reader strips the box), also wrapped after
+  `trainer.py:` onto the next box line.
+
+The phase tables are data (loradoctor/data/frames.yaml), read on the first frame a log shows.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple, Optional, Sequence
+
+from loradoctor.lazyre import lazy_re
+
+TABLE = Path(__file__).resolve().parent.parent.parent / "data" / "frames.yaml"
+
+
+class Frame(NamedTuple):
+    file: str
+    line: int  # 0 when the dialect does not print it
+    function: str  # as printed, qualifier dropped (`Trainer.train` -> `train`); "" when a render ate it
+    dialect: str
+    qualname: str = ""  # IPython's `Trainer.train`, when printed
+
+
+_Q = "\"“”'"
+# `File "path", line N, in func`: searched (a `[rank2]:` or `traceback :` lead stays harmless), all
+# of a line's frames (a markdown render joins a pasted traceback into one paragraph)
+_CPYTHON_RE = lazy_re(r"\bFile [" + _Q + r"]([^" + _Q + r"]+)[" + _Q + r"], line (\d+)(?:, in ([\w<>.]*))?", re.I)
+# `File /x/trainer.py:1885, in Trainer.train(self, ...)`; the path may hold spaces (`C:\Program Files`)
+_IPYTHON_RE = lazy_re(r"^File (.+?):(\d+), in ((?:[\w<>]+\.)*)([\w<>]+)", re.I)
+# `/x/trainer.py in train(self, ...)`
+_OLD_IPYTHON_RE = lazy_re(r"^(\S.*?\.py) in ((?:[\w<>]+\.)*)([\w<>]+)\(", re.I)
+# `/x/trainer.py:1885 in train`
+_RICH_RE = lazy_re(r"^(\S.*?\.py):(\d+) in (\S+)\s*$", re.I)
+# the notebook cell frames
+_CELL_RE = lazy_re(r"^(?:(Cell In ?\[\d*\]), line (\d+)(?:, in ([\w<>]+))?|(Input In ?\[\d*\]), in ([\w<> :]+)\(|"
+                      r"(<ipython-input-[\w-]+>) in ([\w<> :]+)\()", re.I)
+# a rich frame wrapped onto two box lines: `path.py:` + `1885 in train`, `path.py:1885` + `in train`,
+# `path.py:1885 in` + `train`
+_RICH_HEAD_RE = lazy_re(r"^(\S.*?\.py):(?:(\d+)( in)?)?$", re.I)
+_RICH_TAILS = (lazy_re(r"^(\d+) in ([\w<>.]+)$"), lazy_re(r"^in ([\w<>.]+)$", re.I), lazy_re(r"^([\w<>.]+)$"))
+# `----> 12 trainer.train()` / `-> 1885     return inner_training_loop(`: the line of the frame above
+ARROW_RE = lazy_re(r"^-*> ?(\d+)\b")
+
+
+def parse_frames(text: str) -> list[Frame]:
+    """The frames one (normalised) line shows, in any dialect; [] when it is no frame line."""
+    if "ile " in text or "ILE " in text:
+        found = [Frame(m.group(1), int(m.group(2)), _short(m.group(3) or ""), "cpython")
+                 for m in _CPYTHON_RE.finditer(text)]
+        if found:
+            return found
+        m = _IPYTHON_RE.match(text)
+        if m:
+            return [Frame(m.group(1), int(m.group(2)), m.group(4), "ipython", m.group(3) + m.group(4))]
+    if ".py" in text or ".PY" in text:
+        m = _RICH_RE.match(text)
+        if m:
+            return [Frame(m.group(1), int(m.group(2)), _short(m.group(3)), "rich")]
+        m = _OLD_IPYTHON_RE.match(text)
+        if m:
+            return [Frame(m.group(1), 0, m.group(3), "ipython-old", m.group(2) + m.group(3))]
+    if text[:1] in "CcIi<":
+        m = _CELL_RE.match(text)
+        if m:
+            if m.group(1):
+                return [Frame(m.group(1), int(m.group(2)), m.group(3) or "<module>", "cell")]
+            if m.group(4):
+                return [Frame(m.group(4), 0, m.group(5), "cell")]
+            return [Frame(m.group(6), 0, m.group(7), "cell")]
+    return []
+
+
+def rich_wrapped_head(text: str) -> Optional[tuple[str, int, int]]:
+    """The first box line of a wrapped rich frame: (path, line or 0, which tail form completes it)."""
+    if ".py" not in text and ".PY" not in text:
+        return None
+    m = _RICH_HEAD_RE.match(text)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2) or 0), 0 if m.group(2) is None else (2 if m.group(3) else 1)
+
+
+def rich_wrapped_frame(head: tuple[str, int, int], text: str) -> Optional[Frame]:
+    """The frame a wrapped rich head and the box line after it make, or None."""
+    path, lineno, form = head
+    m = _RICH_TAILS[form].match(text)
+    if m is None:
+        return None
+    if form == 0:
+        return Frame(path, int(m.group(1)), _short(m.group(2)), "rich")
+    return Frame(path, lineno, _short(m.group(1)), "rich")
+
+
+def _short(func: str) -> str:
+    """`Trainer.train` -> `train` (rich and Python 3.11+ may print qualified names)."""
+    return func.rsplit(".", 1)[-1] if "." in func else func
+
+
+def frame_key(func: str) -> str:
+    """The name a table matches: lower-cased, without underscores (a markdown render eats them)."""
+    return func.replace("_", "").lower()
+
+
+class FrameTable(NamedTuple):
+    specific: tuple[tuple[str, frozenset], ...]  # (phase, function keys), in order
+    keys: dict  # phase -> function keys
+    step_in_path: str
+    step_keys: frozenset
+    move: frozenset  # exact names
+    bnb_keys: frozenset
+    bnb_classes: frozenset  # lower-cased
+    bnb_path: str
+    bnb_source_word: str
+
+
+@functools.lru_cache(maxsize=2)
+def frame_table(path: Path = TABLE) -> FrameTable:
+    """frames.yaml, parsed once per process (libyaml when present)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    phases = data["phases"]
+    keys = {name: frozenset(frame_key(f) for f in spec.get("functions") or ()) for name, spec in phases.items()}
+    bnb = data.get("bnb_4bit") or {}
+    return FrameTable(
+        specific=tuple((name, keys[name]) for name in data["specific"]), keys=keys,
+        step_in_path=str(phases.get("optimizer", {}).get("step_in_path") or "optim"),
+        step_keys=frozenset(frame_key(f) for f in data.get("step_functions") or ()),
+        move=frozenset(data.get("move_functions") or ()),
+        bnb_keys=frozenset(frame_key(f) for f in bnb.get("functions") or ()),
+        bnb_classes=frozenset(c.lower() for c in bnb.get("classes") or ()),
+        bnb_path=str(bnb.get("path") or "bitsandbytes").lower(),
+        bnb_source_word=str(bnb.get("source_word") or "4bit").lower(),
+    )
+
+
+_LOAD_SOURCE_RE = lazy_re(r"(?:model|net|unet|transformer|encoder|vae|module|pipe)\w*\s*\.\s*(?:to|cuda)\(", re.I)
+
+
+def _as_frame(f: Any) -> Frame:
+    return f if isinstance(f, Frame) else Frame(f[0], 0, f[-1], "")
+
+
+def location_from_frames(frames: Sequence[Any], sources: Iterable[str] = ()) -> Optional[str]:
+    """Phase from frames (Frame, or (file, function) pairs), outermost first: load / merge / save /
+    eval / generate / optimizer / backward / forward, or None. Load/merge/save/eval/generate come from
+    the innermost frame that names one of them (closest to the exception); a `.to`/`.cuda` frame, or a
+    source line such as `model = model.to(self.device)`, means load when no training-step frame is in
+    the traceback (a user function named `train` does not count); then optimizer, backward, forward."""
+    table = frame_table()
+    items = [_as_frame(f) for f in frames]
+    keys = [frame_key(f.function) for f in items]
+    for key in reversed(keys):
+        for phase, names in table.specific:
+            if key in names:
+                return phase
+    present = set(keys)
+    if not present & table.step_keys:
+        if any(f.function in table.move for f in items) or any(_LOAD_SOURCE_RE.search(src) for src in sources):
+            return "load"
+    if any(k == "step" and table.step_in_path in f.file.lower() for f, k in zip(items, keys)) \
+            or present & table.keys.get("optimizer", frozenset()):
+        return "optimizer"
+    for phase in ("backward", "forward"):
+        if present & table.keys.get(phase, frozenset()):
+            return phase
+    return None
+
+
+def shows_bnb_4bit(frames: Sequence[Any], sources: Sequence[tuple[int, str]] = ()) -> bool:
+    """True when the frames run through bitsandbytes' 4-bit path: a 4-bit function (`matmul_4bit`,
+    `dequantize_4bit`), a 4-bit class in a qualified name (`Linear4bit.forward`), or a source line
+    under a bitsandbytes frame that names 4 bit (`bnb.matmul_4bit(...)`). `sources` are (index of the
+    frame above, text)."""
+    table = frame_table()
+    items = [_as_frame(f) for f in frames]
+    for f in items:
+        if frame_key(f.function) in table.bnb_keys:
+            return True
+        if f.qualname and f.qualname.rsplit(".", 1)[0].rsplit(".", 1)[-1].lower() in table.bnb_classes:
+            return True
+    bnb_frames = {i for i, f in enumerate(items) if table.bnb_path in f.file.lower()}
+    return any(i in bnb_frames and table.bnb_source_word in src.lower() for i, src in sources)
