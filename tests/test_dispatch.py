@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from loradoctor.logs.facts import aggregate, dist, host, memsum, metrics, oom, trace, xid
+from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, trace, xid
 from loradoctor.logs.facts.collector import Dispatch, FactCollector
 from loradoctor.logs.reader import make_line
 
@@ -23,8 +23,9 @@ ENTRY = {
     dist.DistExtractor: [dist._WATCHDOG_RE, dist._NCCL_ERROR_RE, dist._NRANKS_RE, dist._WORLD_SIZE_RE, dist._NPROC_RE,
                          dist._NNODES_RE],
     memsum.MemsumExtractor: [memsum._MEMSUM_COUNTERS_RE],
-    trace.TraceExtractor: [trace._FRAME_RE, trace._RICH_FRAME_RE, trace._IPYTHON_FRAME_RE, trace._OLD_IPYTHON_FRAME_RE,
-                           trace._RICH_WRAPPED_HEAD_RE],
+    trace.TraceExtractor: [frames._CPYTHON_RE, frames._IPYTHON_RE, frames._OLD_IPYTHON_RE, frames._RICH_RE,
+                           frames._CELL_RE, frames._RICH_HEAD_RE],
+    config.ConfigExtractor: [config._FOUR_BIT_RE, config._CHECKPOINTING_RE, config._MICRO_BATCH_RE],
     aggregate.MetricsExtractor: [metrics._PEFT_RE, metrics._APEX_OVERFLOW_RE, metrics._DS_OVERFLOW_RE,
                                  metrics._OLD_OVERFLOW_RE],
 }

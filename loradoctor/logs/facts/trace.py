@@ -28,6 +28,8 @@ class TraceExtractor(Extractor):
     TRIGGERS = (
         ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False),
         ("Exception", False), ("KeyboardInterrupt", False),
+        # notebook cells (`Cell In[7], line 3`, `Input In [7], in <cell line: 1>()`, `<ipython-input-7-…> in f()`)
+        ("Cell In", True), ("Input In", True), ("ipython-input", False),
         # source lines under traceback frames that hint at loading (`model = model.to(self.device)`)
         (".to(", False), (".cuda(", False),
         # rich traceback box lines (a frame wrapped onto two of them)
