@@ -335,3 +335,25 @@ def test_torch_that_cannot_see_the_gpu_is_a_reason_of_the_gate():
     assert blockers == [("torch.device_count", "torch 2.5.1+cu124 cannot see the GPU")]
     # the no_gpu_visible check explains it (the driver lists a GPU that torch does not see), so it leads alone
     assert [f.rule for f in run_checks(snap) if f.severity == "error"] == ["env.no_gpu_visible"]
+
+
+def test_the_gate_without_a_gpu_says_how_to_see_why_instead_of_a_repro_that_only_skips():
+    # issue 12: `loradoctor repro run cuda-init` SKIPs on a machine with no GPU; the gate there names the
+    # commands that tell why (driver, device nodes, the torch build), and no finding points at a GPU repro.
+    snap = {"nvidia": {"error": "could not check: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"},
+            "torch": {"installed": True, "version": "2.5.1+cpu", "cuda_version": None}}
+    found = run_checks(snap)
+    gate = next(f for f in found if f.rule == "env.gpu_training")
+    assert gate.repro is None and not [f for f in found if f.repro]
+    commands = [fix.command for fix in gate.fixes]
+    assert any("nvidia-smi" in c and "/dev/nvidia" in c for c in commands), commands
+    assert any("torch.version.cuda" in c for c in commands), commands
+
+
+def test_a_gpu_repro_is_offered_only_where_a_gpu_exists():
+    snap = load("healthy_ampere_32gb")
+    snap["torch"].update(cuda_available=False, device_count=0)
+    lead = next(f for f in run_checks(snap) if f.severity == "error")
+    assert (lead.rule, lead.repro) == ("env.no_gpu_visible", "cuda-init")  # the driver lists a GPU: the repro runs
+    container = [f for f in run_checks(load("container_no_gpu")) if f.cause == "env.no_gpu_visible"]
+    assert container and all(f.repro is None for f in container)  # no GPU in the container: it would only SKIP

@@ -296,6 +296,16 @@ def _gpu_where(i: int, g: dict) -> str:
     return str(g.get("where") or f"nvidia.gpus[{i}]")
 
 
+def has_gpu(snapshot: dict) -> bool:
+    """The snapshot shows a GPU on this machine: the driver lists one, torch's device list does, or an NVIDIA
+    driver is installed (its kernel module, libraries or /dev/nvidia* nodes: an NVML mismatch hides the list
+    until a reboot). Only then can a `loradoctor repro run` confirm a finding here; without one every GPU
+    repro SKIPs."""
+    return (bool(gpus(snapshot)) or any(isinstance(d, dict) for d in torch_info(snapshot).get("devices") or [])
+            or any(_section(snapshot, "nvidia").get(k) for k in ("kernel_module_version", "library_version"))
+            or bool(_section(snapshot, "system").get("dev_nvidia")))
+
+
 def named_card(snapshot: dict) -> Optional[dict]:
     """The card named with `env --gpu NAME` ({"name", "compute_capability"} from the card table), if any."""
     card = _section(snapshot, "requested").get("gpu")
@@ -1166,6 +1176,12 @@ def check_gpu_training(snapshot: dict) -> list[Finding]:
     no_gpu = any(where.startswith("nvidia") for where, _ in blockers)
     reason = why[0] if len(why) == 1 else ", ".join(why[:-1]) + " and " + why[-1]
     fixes = []
+    if no_gpu:  # `repro run cuda-init` only SKIPs here: say how to see why this machine shows no GPU
+        fixes.append(Fix("See why no GPU shows here: does the driver list one, and are its device nodes there?",
+                         "nvidia-smi -L; ls -l /dev/nvidia*; cat /proc/driver/nvidia/version"))
+    if any(where == "torch.cuda_version" for where, _ in blockers):
+        fixes.append(Fix("See which torch build is installed (a CPU-only build shows no CUDA version)",
+                         "python -c \"import torch; print(torch.__version__, torch.version.cuda)\""))
     if any(where == "torch" or where == "torch.cuda_version" for where, _ in blockers):
         fixes.append(Fix("On the machine you train on, install a CUDA build of torch (pick the tag for its driver: "
                          "`loradoctor env` there names it)", f"pip install torch --index-url {TORCH_INDEX}/cu128"))
@@ -1226,9 +1242,10 @@ def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None, strict: boo
             f.rule, f.area = f"env.{chk.name}", chk.area
         findings.extend(produced)
     _gate_severity(findings, snapshot, strict)
+    gpu_here = has_gpu(snapshot)
     for f in findings:
-        if f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
-            f.repro = catalogue.get(f.cause).repro
+        if gpu_here and f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
+            f.repro = catalogue.get(f.cause).repro  # a repro runs on a GPU: without one it only SKIPs
     return display_order(assign_ranks(findings))
 
 
