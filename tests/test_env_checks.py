@@ -357,3 +357,41 @@ def test_a_gpu_repro_is_offered_only_where_a_gpu_exists():
     assert (lead.rule, lead.repro) == ("env.no_gpu_visible", "cuda-init")  # the driver lists a GPU: the repro runs
     container = [f for f in run_checks(load("container_no_gpu")) if f.cause == "env.no_gpu_visible"]
     assert container and all(f.repro is None for f in container)  # no GPU in the container: it would only SKIP
+
+
+def _finding_calls():
+    """(line, causes, variant) of every _finding(...) call in loradoctor/env/checks.py: the cause and the variant
+    as the constants the call names (an `a if x else b` names both)."""
+    import ast
+
+    def consts(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.IfExp):
+            return consts(node.body) + consts(node.orelse)
+        return None
+
+    tree = ast.parse(open(checks.__file__, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_finding":
+            variant = consts(node.args[2]) if len(node.args) > 2 else [None]
+            yield node.lineno, consts(node.args[0]), variant, [k.arg for k in node.keywords]
+
+
+def test_checks_spell_no_wording_and_name_only_catalogue_variants():
+    # issue 9: a check returns cause, facts and evidence (+ the variant); title, summary and fixes are the catalogue's
+    from loradoctor import catalogue
+
+    calls = list(_finding_calls())
+    assert len(calls) >= 30, "could not read the checks' _finding calls"
+    for line, causes, variants, keywords in calls:
+        assert variants, f"checks.py:{line}: name the variant as a constant"
+        assert not {"title", "summary", "fixes"} & set(keywords), f"checks.py:{line} words a finding itself"
+        if causes is None:  # a helper that takes the cause as a parameter: some cause has each variant
+            assert all(any(v in c.variants for c in catalogue.causes().values()) for v in variants), line
+            continue
+        for cause in causes:
+            for variant in variants:
+                catalogue.wording(cause, variant)  # KeyError: a wording the catalogue does not have
+    source = open(checks.__file__, encoding="utf-8").read()
+    assert source.count("Fix(") == 1  # the one in _finding, built from the catalogue's steps
