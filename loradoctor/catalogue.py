@@ -15,8 +15,9 @@ wordings (`variants:` in the YAML: a headline, a summary and fixes per situation
 alternatives whose placeholders the facts fill; a fix whose placeholders they cannot fill, or whose
 `when:` fact is missing or false, is left out.
 
-`python -m loradoctor.catalogue --write-docs docs/causes.md` regenerates the docs page;
-`--check-docs docs/causes.md` exits 1 when it has drifted.
+`loradoctor docs causes` renders the docs page from it each time (docs/causes.md in the checkout only
+points there, so a new cause edits no page); `python -m loradoctor.catalogue --write-docs FILE` writes a
+copy, `--check-docs FILE` exits 1 when a copy has drifted.
 """
 
 from __future__ import annotations
@@ -278,12 +279,12 @@ def render_docs() -> str:
     out = [
         "# Root-cause catalog",
         "",
-        "<!-- Generated from loradoctor/data/causes.yaml by `python -m loradoctor.catalogue --write-docs docs/causes.md`;",
-        "     edit the YAML, not this page (a test fails when they differ). -->",
+        "<!-- Rendered from loradoctor/data/causes.yaml by `loradoctor docs causes` (or",
+        "     `python -m loradoctor.catalogue --write-docs FILE`); edit the YAML. -->",
         "",
         "Every diagnosis that `loradoctor explain` and `loradoctor env` produce names one of these causes by its id.",
         "The ids are stable: tests, JSON output and the benchmark labels use them. A new cause may be added (in",
-        "`loradoctor/data/causes.yaml`, then regenerate this page); an id is never renamed.",
+        "`loradoctor/data/causes.yaml`: this page follows by itself); an id is never renamed.",
         "",
         "| id | what went wrong | typical evidence |",
         "|---|---|---|",
