@@ -603,6 +603,24 @@ def check_bf16(snapshot: dict) -> list[Finding]:
     return [_finding("env.bf16_unsupported", "info", "not_requested", evidence=ev, facts=facts_, words=words, confidence=0.8)]
 
 
+@check("fp8", area="gpu")
+def check_fp8(snapshot: dict) -> list[Finding]:
+    """FP8 mixed precision (ACCELERATE_MIXED_PRECISION=fp8) only on compute capability >= 8.9 (Ada, Hopper)"""
+    if env_vars(snapshot).get("ACCELERATE_MIXED_PRECISION", "").strip().lower() != "fp8":
+        return []
+    old = [(i, g, cc) for i, g, cc in _feature_gpus(snapshot) if cc < (8, 9)]
+    if not old:
+        return []
+    i, g, cc = old[0]
+    return [_finding(
+        "env.fp8_unsupported", "error", "requested",
+        evidence=[_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9: Ada, Hopper)"),
+                  _ev("env_vars.ACCELERATE_MIXED_PRECISION", "fp8")],
+        facts={"compute_capability": f"{cc[0]}.{cc[1]}"},
+        words={"gpu": _gpu_label(i, g), "fallback": "bf16" if cc >= (8, 0) else "fp16"},
+    )]
+
+
 @check("flash_attn_support", area="gpu")
 def check_flash_attn_support(snapshot: dict) -> list[Finding]:
     """FlashAttention 2 needs >= 8.0, FlashAttention 3 needs Hopper"""
