@@ -5,19 +5,26 @@ read it; nothing else spells a cause id list.
     cause_ids()              the user-facing cause ids, in catalogue order (a rule's `cause` is one of these)
     repro_ids()              the repro ids a cause or a rule may name (the repro library's registry)
     get(cause_id)            one Cause
-    fixes_for(cause_id, facts, audience)   the cause's next steps with {placeholders} filled
-    headline / summary       the cause's templated wording for a finding
+    fixes_for(cause_id, facts, audience, variant)   the cause's next steps with {placeholders} filled
+    headline / summary       the cause's templated wording for a finding (of one variant)
 
-`python -m loradoctor.catalogue --write-docs docs/causes.md` regenerates the docs page;
-`--check-docs docs/causes.md` exits 1 when it has drifted.
+An env check returns a cause, its facts and evidence, and names a `variant` when the cause has several
+wordings (`variants:` in the YAML: a headline, a summary and fixes per situation, e.g. env.no_gpu_visible's
+`cvd_hides` and `container`). Templates are the rules' (loradoctor/logs/rules/templates.py): `{name}`,
+`{name|filter}`, `[[ optional part ]]`, `{name|or:WORD}`. A headline or summary is the first of its
+alternatives whose placeholders the facts fill; a fix whose placeholders they cannot fill, or whose
+`when:` fact is missing or false, is left out.
+
+`loradoctor docs causes` renders the docs page from it each time (docs/causes.md in the checkout only
+points there, so a new cause edits no page); `python -m loradoctor.catalogue --write-docs FILE` writes a
+copy, `--check-docs FILE` exits 1 when a copy has drifted.
 """
 
 from __future__ import annotations
 
 import re
-import string
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -26,6 +33,7 @@ CATALOGUE_PATH = Path(__file__).resolve().parent / "data" / "causes.yaml"
 SEVERITIES = ("error", "warning", "info")
 AUDIENCES = ("explain", "env")
 _ID = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
+_VARIANT = re.compile(r"^[a-z0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,16 @@ class CatalogueFix:
     text: str
     command: Optional[str] = None
     only: Optional[str] = None  # "explain" or "env": a step that makes sense for one kind of finding only
+    when: Optional[str] = None  # a fact that must be present and true for this step to be offered
+
+
+@dataclass(frozen=True)
+class Wording:
+    """One variant of a cause's wording: what an env check says in one situation. Empty headline or summary
+    fall back to the cause's; fixes None means the cause's own fixes, () means none."""
+    headline: tuple[str, ...] = ()
+    summary: tuple[str, ...] = ()
+    fixes: Optional[tuple[CatalogueFix, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,7 @@ class Cause:
     headline: tuple[str, ...] = ()
     summary: tuple[str, ...] = ()
     internal: bool = False
+    variants: Mapping[str, Wording] = field(default_factory=dict)
 
 
 class CatalogueError(ValueError):
@@ -85,13 +104,21 @@ def _parse(data: Any, repros: Sequence[str]) -> dict[str, Cause]:
         repro = entry.get("repro")
         if repro is not None and repro not in repros:
             raise CatalogueError(f"{where}: unknown repro {repro!r}")
-        fixes = []
-        for i, fx in enumerate(entry["fixes"] or []):
-            if not isinstance(fx, dict) or not isinstance(fx.get("text"), str):
-                raise CatalogueError(f"{where}: fixes[{i}] needs a text")
-            if fx.get("only") not in (None, *AUDIENCES):
-                raise CatalogueError(f"{where}: fixes[{i}].only must be one of {', '.join(AUDIENCES)}")
-            fixes.append(CatalogueFix(fx["text"], fx.get("command"), fx.get("only")))
+        fixes = _fixes(entry["fixes"], where)
+        variants = {}
+        raw = entry.get("variants") or {}
+        if not isinstance(raw, dict):
+            raise CatalogueError(f"{where}: variants must be a mapping of name -> wording")
+        for name, v in raw.items():
+            vwhere = f"{where}: variants.{name}"
+            if not isinstance(name, str) or not _VARIANT.match(name) or not isinstance(v, dict):
+                raise CatalogueError(f"{vwhere}: a variant is a lower_case name with a mapping")
+            unknown = set(v) - {"headline", "summary", "fixes"}
+            if unknown:
+                raise CatalogueError(f"{vwhere}: unknown keys {', '.join(sorted(map(str, unknown)))}")
+            variants[name] = Wording(_texts(v.get("headline"), f"{vwhere}.headline"),
+                                     _texts(v.get("summary"), f"{vwhere}.summary"),
+                                     tuple(_fixes(v["fixes"], vwhere)) if "fixes" in v else None)
         refs = entry.get("references") or []
         if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
             raise CatalogueError(f"{where}: references must be a list of strings")
@@ -100,9 +127,23 @@ def _parse(data: Any, repros: Sequence[str]) -> dict[str, Cause]:
             severity=entry["severity"], repro=repro, fixes=tuple(fixes), references=tuple(refs),
             headline=_texts(entry.get("headline"), f"{where}: headline"),
             summary=_texts(entry.get("summary"), f"{where}: summary"),
-            internal=bool(entry.get("internal")),
+            internal=bool(entry.get("internal")), variants=variants,
         )
     return out
+
+
+def _fixes(raw: Any, where: str) -> list[CatalogueFix]:
+    fixes = []
+    for i, fx in enumerate(raw or []):
+        if not isinstance(fx, dict) or not isinstance(fx.get("text"), str):
+            raise CatalogueError(f"{where}: fixes[{i}] needs a text")
+        if fx.get("only") not in (None, *AUDIENCES):
+            raise CatalogueError(f"{where}: fixes[{i}].only must be one of {', '.join(AUDIENCES)}")
+        unknown = set(fx) - {"text", "command", "only", "when"}
+        if unknown:
+            raise CatalogueError(f"{where}: fixes[{i}]: unknown keys {', '.join(sorted(map(str, unknown)))}")
+        fixes.append(CatalogueFix(fx["text"], fx.get("command"), fx.get("only"), fx.get("when")))
+    return fixes
 
 
 @lru_cache(maxsize=1)
@@ -142,19 +183,15 @@ def get(cause_id: str) -> Cause:
 # ------------------------------------------------------------------ templates
 
 
-def _fields(template: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+def fill(template: str, facts: Mapping[str, Any], keep_lines: bool = False) -> Optional[str]:
+    """`template` filled from facts with the rules' template language; None when a placeholder outside a
+    `[[ optional ]]` part (and without `|or:`) has no value (never a '?' or 'None' in a sentence)."""
+    from loradoctor.logs.rules.templates import _OPTIONAL_RE, render_template, template_placeholders
 
-
-def fill(template: str, facts: Mapping[str, Any]) -> Optional[str]:
-    """`template` with {name} filled from facts; None when a name is missing or None (never a '?' or 'None')."""
-    values = {}
-    for name in _fields(template):
-        value = facts.get(name)
-        if value is None:
+    for name, filt in template_placeholders(_OPTIONAL_RE.sub("", template)):
+        if filt != "or" and facts.get(name) is None:
             return None
-        values[name] = value
-    return template.format(**values) if values else template
+    return render_template(template, facts, keep_lines=keep_lines)
 
 
 def first_filled(templates: Sequence[str], facts: Mapping[str, Any]) -> Optional[str]:
@@ -165,24 +202,39 @@ def first_filled(templates: Sequence[str], facts: Mapping[str, Any]) -> Optional
     return None
 
 
-def headline(cause_id: str, facts: Mapping[str, Any]) -> str:
+def wording(cause_id: str, variant: Optional[str] = None) -> Wording:
+    """The wording of one variant of a cause (the cause's own when variant is None)."""
     c = get(cause_id)
-    return first_filled(c.headline, facts) or c.title
+    if variant is None:
+        return Wording(c.headline, c.summary, None)
+    try:
+        return c.variants[variant]
+    except KeyError:
+        raise KeyError(f"{cause_id} has no wording variant {variant!r} in {CATALOGUE_PATH.name}") from None
 
 
-def summary(cause_id: str, facts: Mapping[str, Any]) -> str:
-    return first_filled(get(cause_id).summary, facts) or ""
+def headline(cause_id: str, facts: Mapping[str, Any], variant: Optional[str] = None) -> str:
+    c, w = get(cause_id), wording(cause_id, variant)
+    return first_filled(w.headline, facts) or first_filled(c.headline, facts) or c.title
 
 
-def fixes_for(cause_id: str, facts: Mapping[str, Any], audience: str = "env") -> list[tuple[str, Optional[str]]]:
-    """(text, command) next steps of a cause for one audience, placeholders filled from facts; a step whose
-    placeholders the facts cannot fill is left out, and a leading 'Or ' is dropped from the first step."""
+def summary(cause_id: str, facts: Mapping[str, Any], variant: Optional[str] = None) -> str:
+    w = wording(cause_id, variant)
+    return first_filled(w.summary or get(cause_id).summary, facts) or ""
+
+
+def fixes_for(cause_id: str, facts: Mapping[str, Any], audience: str = "env",
+              variant: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
+    """(text, command) next steps of a cause (or of one of its variants) for one audience, placeholders filled
+    from facts; a step whose placeholders the facts cannot fill, or whose `when` fact is missing or false, is
+    left out, and a leading 'Or ' is dropped from the first step."""
+    w = wording(cause_id, variant)
     out: list[tuple[str, Optional[str]]] = []
-    for fx in get(cause_id).fixes:
-        if fx.only not in (None, audience):
+    for fx in get(cause_id).fixes if w.fixes is None else w.fixes:
+        if fx.only not in (None, audience) or (fx.when is not None and not facts.get(fx.when)):
             continue
         text = fill(fx.text, facts)
-        command = fill(fx.command, facts) if fx.command is not None else None
+        command = fill(fx.command, facts, keep_lines=True) if fx.command is not None else None
         if text is None or (fx.command is not None and command is None):
             continue
         if not out and text.startswith("Or "):
@@ -195,9 +247,29 @@ def fixes_for(cause_id: str, facts: Mapping[str, Any], audience: str = "env") ->
 
 
 def _doc_template(text: str) -> str:
-    """A template as the docs show it: {wheel_tag} -> <wheel tag>; notes appended to a sentence vanish."""
+    """A template as the docs show it: {wheel_tag} -> <wheel tag>; notes appended to a sentence vanish;
+    an [[ optional part ]] shows in brackets."""
     text = re.sub(r"\{\w+_note\}", "", text)
-    return re.sub(r"\{(\w+)\}", lambda m: "<" + m.group(1).replace("_", " ") + ">", text)
+    text = re.sub(r"\[\[(.*?)\]\]", r"[\1]", text)
+    return re.sub(r"\{(\w+)(?:\|[^{}]*)?\}", lambda m: "<" + m.group(1).replace("_", " ") + ">", text)
+
+
+def _doc_fix(i: int, fx: CatalogueFix) -> str:
+    marks = [m for m in (fx.only, f"when {fx.when.replace('_', ' ')}" if fx.when else None) if m]
+    line = f"{i}. {_doc_template(fx.text)}" + (f" ({'; '.join(marks)})" if marks else "")
+    return line + (f": `{_doc_template(fx.command)}`" if fx.command else "")
+
+
+def _doc_variants(c: Cause) -> list[str]:
+    """The env checks' wordings of a cause, one bullet per variant with its own next steps."""
+    if not c.variants:
+        return []
+    out = ["", "Env check wordings (`variant`: headline; its own next steps, else the ones above):", ""]
+    for name, w in c.variants.items():
+        head = _doc_template(w.headline[0]) if w.headline else c.title
+        out.append(f"- `{name}`: {head}" + (" (no next step)" if w.fixes == () else ""))
+        out += ["  " + _doc_fix(i, fx) for i, fx in enumerate(w.fixes or (), 1)]
+    return out
 
 
 def render_docs() -> str:
@@ -207,31 +279,29 @@ def render_docs() -> str:
     out = [
         "# Root-cause catalog",
         "",
-        "<!-- Generated from loradoctor/data/causes.yaml by `python -m loradoctor.catalogue --write-docs docs/causes.md`;",
-        "     edit the YAML, not this page (a test fails when they differ). -->",
+        "<!-- Rendered from loradoctor/data/causes.yaml by `loradoctor docs causes` (or",
+        "     `python -m loradoctor.catalogue --write-docs FILE`); edit the YAML. -->",
         "",
         "Every diagnosis that `loradoctor explain` and `loradoctor env` produce names one of these causes by its id.",
         "The ids are stable: tests, JSON output and the benchmark labels use them. A new cause may be added (in",
-        "`loradoctor/data/causes.yaml`, then regenerate this page); an id is never renamed.",
+        "`loradoctor/data/causes.yaml`: this page follows by itself); an id is never renamed.",
         "",
         "| id | what went wrong | typical evidence |",
         "|---|---|---|",
     ]
     out += [f"| {c.id} | {c.what} | {c.evidence} |" for c in user]
     out += ["", "## Next steps per cause", "",
-            "The default wording and fixes; a rule or an env check may say something more specific and fill the",
-            "<placeholders> with what it found. Steps marked (explain) or (env) apply to one kind of finding only.", ""]
+            "The default wording and fixes. A log rule says its own (its YAML title, summary and fixes override these);",
+            "an env check takes its wording from here, the cause's own or one of its variants, and fills the <placeholders>",
+            "with what it found. Steps marked (explain) or (env) apply to one kind of finding only; (when ...) only when",
+            "the check found that.", ""]
     for c in user + internal:
         out += [f"### {c.id}", "", f"**{c.title}** · {c.category} · default severity {c.severity}"
                 + (f" · confirm: `loradoctor repro run {c.repro}`" if c.repro else ""), ""]
-        for i, fx in enumerate(c.fixes, 1):
-            mark = f" ({fx.only})" if fx.only else ""
-            line = f"{i}. {_doc_template(fx.text)}{mark}"
-            if fx.command:
-                line += f": `{_doc_template(fx.command)}`"
-            out.append(line)
+        out += [_doc_fix(i, fx) for i, fx in enumerate(c.fixes, 1)]
         if c.references:
             out += ["", "References: " + ", ".join(c.references)]
+        out += _doc_variants(c)
         out.append("")
     if internal:
         out += ["## Internal causes", "",

@@ -67,7 +67,7 @@ def family_file(root: Path, cause: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("id", help="the new rule id (kebab-case, never reused)")
-    ap.add_argument("--cause", required=True, help="a cause id of docs/causes.md")
+    ap.add_argument("--cause", required=True, help="a cause id of loradoctor/data/causes.yaml (loradoctor docs causes)")
     ap.add_argument("--pattern", default=None, help="the regex of the message (default: a TODO literal)")
     ap.add_argument("--file", default=None, help="the rules file to append to (default: the family of the cause)")
     ap.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)  # tests scaffold into a copy
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", args.id):
         print(f"new_rule: {args.id!r} is not a kebab-case id", file=sys.stderr)
         return 2
-    schema = __import__("json").loads((root / "rules" / "schema.json").read_text(encoding="utf-8"))
-    causes = schema["$defs"]["rule"]["properties"]["cause"]["enum"]
-    if args.cause not in causes:
-        print(f"new_rule: unknown cause {args.cause!r} (add it to docs/causes.md and run "
-              "`python -m loradoctor.logs.rules sync-schema` first)", file=sys.stderr)
+    sys.path.insert(0, str(ROOT))
+    from loradoctor import catalogue
+
+    if args.cause not in catalogue.cause_ids():
+        print(f"new_rule: unknown cause {args.cause!r} (add it to loradoctor/data/causes.yaml first)", file=sys.stderr)
         return 2
     taken = [p for p in (root / "rules").glob("*.yaml")
              if re.search(rf"^\s+- id: {re.escape(args.id)}\s*$", p.read_text(encoding="utf-8"), re.M)]

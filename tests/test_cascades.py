@@ -16,7 +16,6 @@ library loaded once, to stay fast.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,10 @@ MIN_CASES = 30
 
 
 def _known_causes() -> set[str]:
-    """Cause ids of docs/causes.md (the first column of its table)."""
-    text = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
-    return set(re.findall(r"^\|\s*([a-z0-9_]+\.[a-z0-9_]+)\s*\|", text, re.M))
+    """Cause ids of the cause catalogue (loradoctor/data/causes.yaml, `loradoctor docs causes`)."""
+    from loradoctor import catalogue
+
+    return set(catalogue.cause_ids())
 
 
 CAUSES = _known_causes()

@@ -2,6 +2,7 @@
 enums read it, and its templates never leave a placeholder in a sentence."""
 
 import fnmatch
+import json
 import re
 
 import pytest
@@ -12,9 +13,17 @@ from loradoctor import catalogue
 from loradoctor.catalogue import CatalogueError, _parse
 
 
-def test_docs_page_is_generated_from_the_catalogue():
-    current = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
-    assert current == catalogue.render_docs(), "run: python -m loradoctor.catalogue --write-docs docs/causes.md"
+def test_the_causes_page_is_rendered_from_the_catalogue(capsys):
+    # `loradoctor docs causes` renders the catalogue each time (a new cause edits no page); the checkout's
+    # docs/causes.md only says where the page comes from
+    from loradoctor.cli import main
+
+    assert main(["docs", "causes"]) == 0
+    page = capsys.readouterr().out
+    assert page == catalogue.render_docs()
+    assert all(f"| {cid} |" in page for cid in catalogue.cause_ids())
+    stub = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
+    assert "loradoctor docs causes" in stub and "loradoctor/data/causes.yaml" in stub
 
 
 def test_check_docs_reports_drift(tmp_path):
@@ -31,7 +40,8 @@ def test_rule_schema_and_rules_read_the_catalogue():
     assert rules.cause_ids() == catalogue.cause_ids()
     assert rules.repro_ids() == catalogue.repro_ids()
     props = rules.load_schema()["$defs"]["rule"]["properties"]
-    assert props["cause"]["enum"] == catalogue.cause_ids()
+    assert props["cause"]["enum"] == catalogue.cause_ids()  # filled by the loader: rules/schema.json lists no causes
+    assert "enum" not in json.loads((ROOT / "rules" / "schema.json").read_text())["$defs"]["rule"]["properties"]["cause"]
     assert "internal.check_failed" in catalogue.internal_cause_ids()
     assert "internal.check_failed" not in props["cause"]["enum"]
 
@@ -77,6 +87,75 @@ def test_templates_fill_or_drop_never_print_a_placeholder():
     assert no_wheel[0][0].startswith("Update the NVIDIA driver")  # the leading "Or " goes with the missing step
     assert catalogue.summary("env.nvml_mismatch", {"kernel_module_version": None, "library_version": None}).startswith(
         "NVML reports")
+    from loradoctor.logs.rules.templates import template_placeholders
+
     for c in catalogue.causes().values():
-        for text, cmd in catalogue.fixes_for(c.id, {}, "explain") + catalogue.fixes_for(c.id, {}, "env"):
-            assert "{" not in text and "{" not in (cmd or "").replace("${", ""), (c.id, text, cmd)
+        steps = catalogue.fixes_for(c.id, {}, "explain") + catalogue.fixes_for(c.id, {}, "env")
+        for variant in c.variants:
+            steps += catalogue.fixes_for(c.id, {}, "env", variant)
+            assert "{" not in catalogue.headline(c.id, {}, variant), (c.id, variant)
+            assert "{" not in catalogue.summary(c.id, {}, variant), (c.id, variant)
+        for text, cmd in steps:
+            assert not template_placeholders(text) and not template_placeholders(cmd or ""), (c.id, text, cmd)
+
+
+def test_a_variant_words_one_situation_of_a_cause():
+    facts = {"cvd_repr": "'7'", "gpu_count": "2 GPUs"}
+    assert catalogue.headline("env.no_gpu_visible", facts, "cvd_hides") == "CUDA_VISIBLE_DEVICES='7' hides all 2 GPUs"
+    assert catalogue.fixes_for("env.no_gpu_visible", facts, "env", "cvd_hides")[0][1].startswith("unset CUDA_VISIBLE_DEVICES")
+    # no fixes of its own -> the cause's; `fixes: []` -> none; an unknown variant is a KeyError (a check bug)
+    assert catalogue.fixes_for("env.no_gpu_visible", {}, "env", "mig") == []
+    with pytest.raises(KeyError, match="no wording variant"):
+        catalogue.headline("env.no_gpu_visible", {}, "no_such_variant")
+
+
+def test_a_fix_with_when_is_offered_only_when_the_check_found_it():
+    gate = {"reason": "torch is not installed", "needs_torch": True}
+    texts = [t for t, _ in catalogue.fixes_for("env.no_gpu_visible", gate, "env", "gpu_training")]
+    assert not any(t.startswith("See why no GPU") for t in texts) and any("install a CUDA build" in t for t in texts)
+    texts = [t for t, _ in catalogue.fixes_for("env.no_gpu_visible", {**gate, "no_gpu": True}, "env", "gpu_training")]
+    assert texts[0].startswith("See why no GPU")
+
+
+def test_templates_are_the_rules_template_language():
+    # optional [[ ... ]] parts vanish whole when a value is missing; a required placeholder drops the sentence
+    pcie = {"gpu": "GPU 0 (A100)", "width_current": 8, "width_max": 16}
+    assert catalogue.headline("hw.thermal_power", pcie, "pcie_narrow") == "GPU 0 (A100) PCIe link runs x8 of x16"
+    assert catalogue.headline("hw.thermal_power", {**pcie, "gen_current": 3, "gen_max": 4}, "pcie_narrow") == (
+        "GPU 0 (A100) PCIe link runs x8 of x16 (gen 3 of 4)")
+    assert catalogue.fill("{a} and {b}", {"a": 1}) is None and catalogue.fill("{a}[[ and {b}]]", {"a": 1}) == "1"
+    assert catalogue.fill("kill {pid|or:PID}", {}) == "kill PID"
+
+
+@pytest.mark.parametrize("mutation,message", [
+    (lambda d: d["causes"]["oom.leak"].update(variants=["x"]), "variants must be a mapping"),
+    (lambda d: d["causes"]["oom.leak"].update(variants={"Bad-Name": {}}), "lower_case name"),
+    (lambda d: d["causes"]["oom.leak"].update(variants={"x": {"title": "t"}}), "unknown keys title"),
+    (lambda d: d["causes"]["oom.leak"].update(variants={"x": {"fixes": [{"text": "t", "if": "y"}]}}), "unknown keys if"),
+])
+def test_a_malformed_variant_is_refused(mutation, message):
+    data = yaml.safe_load(catalogue.CATALOGUE_PATH.read_text(encoding="utf-8"))
+    mutation(data)
+    with pytest.raises(CatalogueError, match=message):
+        _parse(data, catalogue.repro_ids())
+
+
+def test_a_rule_words_its_own_finding_and_takes_the_catalogues_fixes_when_it_has_none(tmp_path):
+    # issue 9: wording and fixes come from the catalogue; a YAML rule overrides them (title and summary are the
+    # rule's own, always; its fixes when it has some)
+    from conftest import USER_RULE
+    from loradoctor.logs.engine import explain
+
+    log = tmp_path / "run.log"
+    log.write_text("step 3\nFROBNICATOR OVERFLOW 42\n", encoding="utf-8")
+    for name, fixes in (("own", True), ("none", False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        rule = USER_RULE.format(rid=f"test-{name}", pattern="FROBNICATOR OVERFLOW")
+        if not fixes:
+            rule = rule.replace("    fixes:\n      - text: do something\n", "")
+        (folder / "r.yaml").write_text(rule, encoding="utf-8")
+        found = next(f for f in explain([str(log)], extra_rule_dirs=[str(folder)]).findings if f.rule == f"test-{name}")
+        assert (found.title, found.summary) == ("A test rule", "test")  # the rule's, not the catalogue's title
+        got = [(fx.text, fx.command) for fx in found.fixes]
+        assert got == ([("do something", None)] if fixes else catalogue.fixes_for("oom.capacity", {}, "explain")), got

@@ -167,3 +167,16 @@ def test_option_combinations_that_mean_nothing_are_refused(args, capsys):
     code = main(["env", *[snap if a == "SNAP" else a for a in args]])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("loradoctor: error:"), err
+
+
+def test_the_readme_env_row_names_every_option_of_env_help():
+    # issue 12: the README's command table stays true to `loradoctor env --help` (e.g. `--gpu NAME`)
+    import re
+
+    from conftest import ROOT
+    from loradoctor.cli import env_cmd
+
+    row = next(ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if ln.startswith("| `loradoctor env "))
+    options = {a.option_strings[-1] for a in env_cmd.build_parser("env")._actions if a.option_strings and a.dest != "help"}
+    missing = sorted(o for o in options if not re.search(re.escape(o) + r"(?![\w-])", row))
+    assert not missing, f"README's env row does not mention {missing}"

@@ -351,8 +351,9 @@ def test_missing_file_in_a_child_process(tmp_path):
 
 
 def _cause_ids() -> list[str]:
-    text = (ROOT / "docs" / "causes.md").read_text(encoding="utf-8")
-    return re.findall(r"^\|\s*([a-z0-9_]+\.[a-z0-9_]+)\s*\|", text, flags=re.M)
+    from loradoctor import catalogue
+
+    return catalogue.cause_ids()
 
 
 def test_rules_list_text(capsys):

@@ -83,8 +83,21 @@ def docs(topic: str = None) -> int:
         close = difflib.get_close_matches(key, list(known), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise UserError(f"docs: no topic {topic!r}; {hint}topics: {', '.join(known)}")
+    if key in GENERATED:  # rendered from its data each time, so adding a cause edits no page
+        write_report(GENERATED[key](), end="")
+        return 0
     write_report(known[key].read_text(encoding="utf-8"), end="")
     return 0
+
+
+def _causes_page() -> str:
+    from loradoctor import catalogue
+
+    return catalogue.render_docs()
+
+
+# Topics rendered from data: docs/<topic>.md in the checkout only says where the page comes from.
+GENERATED = {"causes": _causes_page}
 
 
 def gpus(fmt: str = "text") -> int:

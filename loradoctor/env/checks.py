@@ -296,6 +296,16 @@ def _gpu_where(i: int, g: dict) -> str:
     return str(g.get("where") or f"nvidia.gpus[{i}]")
 
 
+def has_gpu(snapshot: dict) -> bool:
+    """The snapshot shows a GPU on this machine: the driver lists one, torch's device list does, or an NVIDIA
+    driver is installed (its kernel module, libraries or /dev/nvidia* nodes: an NVML mismatch hides the list
+    until a reboot). Only then can a `loradoctor repro run` confirm a finding here; without one every GPU
+    repro SKIPs."""
+    return (bool(gpus(snapshot)) or any(isinstance(d, dict) for d in torch_info(snapshot).get("devices") or [])
+            or any(_section(snapshot, "nvidia").get(k) for k in ("kernel_module_version", "library_version"))
+            or bool(_section(snapshot, "system").get("dev_nvidia")))
+
+
 def named_card(snapshot: dict) -> Optional[dict]:
     """The card named with `env --gpu NAME` ({"name", "compute_capability"} from the card table), if any."""
     card = _section(snapshot, "requested").get("gpu")
@@ -333,20 +343,21 @@ def check(name: str, area: str) -> Callable[[Callable[[dict], list[Finding]]], C
     return register
 
 
-def _finding(cause: str, severity: str, title: Optional[str] = None, words: Optional[dict] = None, **kw: Any) -> Finding:
-    """A finding of `cause`; title, summary and fixes not given come from the cause catalogue
-    (loradoctor/data/causes.yaml), filled with the finding's facts and `words` (values only the wording needs)."""
+def _finding(cause: str, severity: str, variant: Optional[str] = None, words: Optional[dict] = None,
+             headline_limit: Optional[int] = None, **kw: Any) -> Finding:
+    """A finding of `cause`: its title, summary and fixes come from the cause catalogue
+    (loradoctor/data/causes.yaml; `variant` picks one of the cause's wordings), filled with the finding's
+    facts and `words` (values only the wording needs). A check says what it found, never how to word it."""
     from loradoctor import catalogue
 
     if kw.get("facts"):
         kw["facts"] = {k: v for k, v in kw["facts"].items() if v is not None}  # unknown is absent, never "None"
     facts_ = {**(kw.get("facts") or {}), **(words or {})}
     kw.setdefault("confidence", 0.9)
-    if title is None:  # the wording is the catalogue's: headline, summary and next steps
-        title = catalogue.headline(cause, facts_)
-        kw.setdefault("summary", catalogue.summary(cause, facts_))
-        kw.setdefault("fixes", [Fix(text, command) for text, command in catalogue.fixes_for(cause, facts_, "env")])
-    return Finding(cause=cause, rule="", severity=severity, title=title, **kw)
+    title = catalogue.headline(cause, facts_, variant)[:headline_limit]  # a long error quoted in a headline is cut
+    fixes = [Fix(text, command) for text, command in catalogue.fixes_for(cause, facts_, "env", variant)]
+    return Finding(cause=cause, rule="", severity=severity, title=title, summary=catalogue.summary(cause, facts_, variant),
+                   fixes=fixes, **kw)
 
 
 @check("nvml_mismatch", area="driver")
@@ -381,11 +392,8 @@ def check_torch_installed(snapshot: dict) -> list[Finding]:
     cmd = f"pip install torch --index-url {TORCH_INDEX}/{wheel['tag']}" if wheel else "pip install torch"
     return [_finding(
         "env.torch_cpu_only", "info" if not gpus(snapshot) else "warning",
-        "torch is not installed" + (" in this Python" if _section(snapshot, "meta").get("source") == "live" else ""),
-        summary=("loradoctor probed the interpreter it runs in; if you train with another one, run loradoctor there."
-                 if _section(snapshot, "meta").get("source") == "live" else ""),
-        evidence=[_ev("torch", "torch not found by importlib.metadata")],
-        fixes=[Fix("Install a torch build for this machine", cmd)],
+        "not_installed_here" if _section(snapshot, "meta").get("source") == "live" else "not_installed",
+        evidence=[_ev("torch", "torch not found by importlib.metadata")], words={"install_command": cmd},
     )]
 
 
@@ -397,33 +405,20 @@ def check_torch_broken(snapshot: dict) -> list[Finding]:
     if not t.get("installed") or probe.get("status") in (None, "ok", "missing", "skipped"):
         return []
     status = probe.get("status")
-    stderr = str(probe.get("stderr_tail") or "")
-    if status == "timeout":
-        what = f"the torch probe hung: {probe.get('reason') or 'timeout'}"
-    elif status == "crashed":
-        what = f"the interpreter crashed: {probe.get('reason') or 'signal'}"
-    else:
-        what = f"`import torch` failed: {probe.get('reason') or 'error'}"
-    fixes = []
+    reason = probe.get("reason") or {"timeout": "timeout", "crashed": "signal"}.get(status, "error")
     version = _torch_base_version(snapshot)
     ccs = [c for c in (gpu_cc(g) for g in gpus(snapshot)) if c]
     wheel, pin, note = pick_wheel(snapshot, ccs) if gpus(snapshot) else (None, None, "")
-    shadows = _section(snapshot, "system").get("ld_library_path_cuda_dirs") or []
-    if shadows or "libcud" in stderr or "undefined symbol" in stderr:
-        if shadows:
-            fixes.append(Fix("LD_LIBRARY_PATH puts other CUDA libraries before the ones the torch wheel ships; run without it",
-                             "env -u LD_LIBRARY_PATH python -c 'import torch; print(torch.__version__)'"))
+    words = {"reason": reason, "shadows": bool(_section(snapshot, "system").get("ld_library_path_cuda_dirs"))}
     if wheel:
-        fixes.append(Fix("Reinstall torch cleanly for this driver" + note, pip_torch_line(wheel, pin)))
+        words.update(wheel_note=note, wheel_command=pip_torch_line(wheel, pin))
     else:
-        fixes.append(Fix("Reinstall torch cleanly", f"pip install --force-reinstall {'torch==' + version if version else 'torch'}"))
-    fixes.append(Fix("Look for two torch installs or a stray torch/ folder on the path",
-                     "python -c 'import importlib.util as u; print(u.find_spec(\"torch\").origin)'; pip list 2>/dev/null | grep -i -E '^(torch|nvidia-)'"))
+        words["torch_requirement"] = "torch==" + version if version else "torch"
     return [_finding(
-        "env.torch_broken", "error", f"torch is installed but {what}",
-        summary="Every training script dies at `import torch` until this is fixed; the other checks ran without it.",
+        "env.torch_broken", "error", "hung" if status == "timeout" else "crashed" if status == "crashed" else "import_failed",
+        words=words,
         evidence=_stderr_evidence(probe, "torch") or [_ev("torch.probe", f"{status}: {probe.get('reason', '')}")],
-        facts={"probe_status": status, "returncode": probe.get("returncode")}, fixes=fixes,
+        facts={"probe_status": status, "returncode": probe.get("returncode")},
     )]
 
 
@@ -442,35 +437,27 @@ def check_torch_cpu_only(snapshot: dict) -> list[Finding]:
     all_gpus = gpus(snapshot)
     if not all_gpus:
         return [_finding(
-            "env.torch_cpu_only", "info",
-            f"torch {version} is a CPU-only build and this machine shows no NVIDIA GPU",
-            summary="Fine for CPU work and tests; install a CUDA build on the machine you train on.",
-            evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None")],
-            confidence=0.8,
+            "env.torch_cpu_only", "info", "cpu_build_no_gpu", words={"version": version},
+            evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None")], confidence=0.8,
         )]
     ccs = [c for c in (gpu_cc(g) for g in all_gpus) if c]
     ceiling = driver_cuda_ceiling(snapshot)
     wheel, pin, note = pick_wheel(snapshot, ccs)
-    fixes = []
+    words: dict[str, Any] = {"version": version, "gpu_count": _count(len(all_gpus), "NVIDIA GPU")}
     if wheel:
-        via = f"driver CUDA {ceiling} -> {wheel['tag']}" if ceiling else wheel["tag"]
-        fixes.append(Fix(f"Install the CUDA build your driver supports ({via}){note}",
-                         pip_torch_line(wheel, pin)))
+        words.update(via=f"driver CUDA {ceiling} -> {wheel['tag']}" if ceiling else wheel["tag"], wheel_note=note,
+                     wheel_command=pip_torch_line(wheel, pin))
     else:
         need = wheel_for_arch(ccs)
         if need:
-            drv = facts()["driver_for_cuda_linux"].get(need["cuda"])
-            fixes.append(Fix(f"Your GPU needs a {need['tag']} wheel; first update the NVIDIA driver to {drv} or newer",
-                             f"pip install --force-reinstall torch --index-url {TORCH_INDEX}/{need['tag']}"))
-    fixes.append(Fix("Check afterwards", "python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'"))
+            words.update(need_tag=need["tag"], need_driver=facts()["driver_for_cuda_linux"].get(need["cuda"]))
     return [_finding(
-        "env.torch_cpu_only", "error", f"torch {version} is a CPU-only build on a machine with {_count(len(all_gpus), 'NVIDIA GPU')}",
-        summary="Training would run on the CPU, or fail with `Torch not compiled with CUDA enabled`.",
+        "env.torch_cpu_only", "error", "cpu_build", words=words,
         evidence=[_ev("torch.cuda_version", f"torch {version}, torch.version.cuda = None"),
                   _ev("nvidia.gpus[0]", ", ".join(filter(None, [
                       str(all_gpus[0].get("name") or "GPU 0"),
                       f"driver {_section(snapshot, 'nvidia')['driver_version']}" if _section(snapshot, "nvidia").get("driver_version") else ""])))],
-        facts={"torch_version": version, "driver_cuda": ceiling}, fixes=fixes,
+        facts={"torch_version": version, "driver_cuda": ceiling},
     )]
 
 
@@ -511,33 +498,27 @@ def check_arch_unsupported(snapshot: dict) -> list[Finding]:
     if not arch:
         return []
     out = []
-    ceiling = driver_cuda_ceiling(snapshot)
     for i, g in visible_gpus(snapshot) or list(enumerate(gpus(snapshot))):
         cc = gpu_cc(g)
         if cc is None or arch_supports(arch, cc):
             continue
         wheel, pin, note = pick_wheel(snapshot, [cc])
-        fixes = []
+        words: dict[str, Any] = {"torch_version": torch_info(snapshot).get("version"), "gpu": _gpu_label(i, g)}
         if wheel:
-            fixes.append(Fix(f"Install a build with sm_{cc[0]}{cc[1]} kernels ({wheel['tag']}){note}", pip_torch_line(wheel, pin)))
+            words.update(sm=f"sm_{cc[0]}{cc[1]}", wheel_tag=wheel["tag"], wheel_note=note, wheel_command=pip_torch_line(wheel, pin))
         else:
             need = wheel_for_arch([cc])
             if need:
-                drv = facts()["driver_for_cuda_linux"].get(need["cuda"])
-                fixes.append(Fix(f"Update the NVIDIA driver to {drv} or newer (CUDA {need['cuda']}), then install the {need['tag']} wheel",
-                                 pip_torch_line(need)))
+                words.update(need_driver=facts()["driver_for_cuda_linux"].get(need["cuda"]), need_cuda=need["cuda"],
+                             need_tag=need["tag"], need_command=pip_torch_line(need))
             else:
-                fixes.append(Fix("No current torch wheel supports this GPU; use an older torch release that still ships its arch"))
+                words["no_wheel"] = True
         too_old = all((arch_tuple(a) or ("", 99, 0))[1] > cc[0] for a in arch)
         out.append(_finding(
-            "env.arch_unsupported", "error",
-            f"torch {torch_info(snapshot).get('version')} has no kernels for {_gpu_label(i, g)}, compute capability {cc[0]}.{cc[1]}",
-            summary=("The GPU is older than the oldest arch in this build." if too_old else
-                     "The first kernel launch fails with `no kernel image is available for execution on the device`; "
-                     "the arch list follows the wheel's CUDA tag, not the torch version."),
+            "env.arch_unsupported", "error", "gpu_too_old" if too_old else "no_kernels", words=words,
             evidence=[_ev(f"nvidia.gpus[{i}]", f"{g.get('name')} compute capability {cc[0]}.{cc[1]}"),
                       _ev("torch.arch_list", f"{' '.join(arch)} (from {source})")],
-            facts={"compute_capability": f"{cc[0]}.{cc[1]}", "arch_list": arch}, fixes=fixes,
+            facts={"compute_capability": f"{cc[0]}.{cc[1]}", "arch_list": arch},
         ))
     return out
 
@@ -555,13 +536,9 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
     cvd = ev_vars.get("CUDA_VISIBLE_DEVICES")
     if all_gpus and cvd is not None and not visible_gpus(snapshot):
         out.append(_finding(
-            "env.no_gpu_visible", "error",
-            f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {_count(len(all_gpus), 'GPU')}",
-            summary="CUDA sees no device: `No CUDA GPUs are available` / device count 0.",
+            "env.no_gpu_visible", "error", "cvd_hides", words={"cvd_repr": repr(cvd), "gpu_count": _count(len(all_gpus), "GPU")},
             evidence=[_ev("env_vars.CUDA_VISIBLE_DEVICES", repr(cvd)),
                       _ev("nvidia.gpus", ", ".join(f"{g.get('index', i)}: {g.get('name')}" for i, g in enumerate(all_gpus)))],
-            fixes=[Fix("Unset it, or name GPUs that exist (indices as nvidia-smi prints them, or GPU- UUIDs)",
-                       "unset CUDA_VISIBLE_DEVICES   # or: export CUDA_VISIBLE_DEVICES=0")],
         ))
         return out
     explained = bool(check_driver_too_old(snapshot)) or bool(check_nvml_mismatch(snapshot))
@@ -570,16 +547,8 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
               _ev("nvidia.gpus", f"the driver lists {_count(len(all_gpus), 'GPU')}: {all_gpus[0].get('name') or 'name not shown'}")]
         ev += [Evidence("probe:torch stderr", None, ln) for ln in str((t.get("probe") or {}).get("stderr_tail") or "").splitlines()
                if "CUDA" in ln][:3]
-        out.append(_finding(
-            "env.no_gpu_visible", "error",
-            f"nvidia-smi sees {_count(len(all_gpus), 'GPU')} but torch sees none",
-            summary="Usually `nvidia_uvm` not loaded or wedged (after suspend/resume), missing /dev/nvidia* nodes in a container, "
-                    "or a CUDA_VISIBLE_DEVICES change after start.",
-            evidence=ev,
-            fixes=[Fix("Reload the unified-memory module (or reboot)", "sudo rmmod nvidia_uvm && sudo modprobe nvidia_uvm"),
-                   Fix("Create the device nodes if they are missing", "sudo nvidia-modprobe -u -c=0"),
-                   Fix("Check again", "python -c 'import torch; print(torch.cuda.device_count())'")],
-        ))
+        out.append(_finding("env.no_gpu_visible", "error", "torch_sees_none", evidence=ev,
+                            words={"gpu_count": _count(len(all_gpus), "GPU")}))
     if not all_gpus and sysinfo.get("container") and cuda_build:
         nvd = ev_vars.get("NVIDIA_VISIBLE_DEVICES")
         ev = [_ev("system.container", f"running in a container ({sysinfo.get('container_kind', 'container')})"),
@@ -587,23 +556,11 @@ def check_no_gpu_visible(snapshot: dict) -> list[Finding]:
               _ev("system.dev_nvidia", f"/dev/nvidia* device nodes: {', '.join(sysinfo.get('dev_nvidia') or []) or 'none'}")]
         if nvd is not None:
             ev.append(_ev("env_vars.NVIDIA_VISIBLE_DEVICES", repr(nvd)))
-        out.append(_finding(
-            "env.no_gpu_visible", "error",
-            "This container has no GPU: it was started without GPU access",
-            summary=f"torch {t.get('version')} is a CUDA build, but no NVIDIA device is mapped into the container.",
-            evidence=ev,
-            fixes=[Fix("Start the container with the GPUs (needs nvidia-container-toolkit on the host)",
-                       "docker run --gpus all --ipc=host ... "),
-                   Fix("On Kubernetes, request the device", "resources: {limits: {nvidia.com/gpu: 1}}")],
-        ))
+        out.append(_finding("env.no_gpu_visible", "error", "container", evidence=ev, words={"torch_version": t.get("version")}))
     if sysinfo.get("wsl") and not all_gpus and sysinfo.get("wsl_libcuda") is False:
         out.append(_finding(
-            "env.no_gpu_visible", "error" if cuda_build else "warning",
-            "WSL2 without the Windows NVIDIA driver's CUDA library (/usr/lib/wsl/lib/libcuda.so is missing)",
-            summary="Under WSL2 the GPU comes from the Windows driver; a Linux NVIDIA driver inside WSL does not work.",
+            "env.no_gpu_visible", "error" if cuda_build else "warning", "wsl_no_libcuda",
             evidence=[_ev("system.wsl", "WSL2 kernel"), _ev("system.wsl_libcuda", "/usr/lib/wsl/lib/libcuda.so not found")],
-            fixes=[Fix("Install or update the NVIDIA driver on Windows (not inside WSL), then restart WSL", "wsl --shutdown"),
-                   Fix("Remove a Linux driver installed inside WSL if there is one", "sudo apt-get remove --purge '^nvidia-driver-.*'")],
         ))
     return out
 
@@ -639,20 +596,28 @@ def check_bf16(snapshot: dict) -> list[Finding]:
         return []
     i, g, cc = old[0]
     ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (bf16 needs 8.0, Ampere)")]
+    facts_, words = {"compute_capability": f"{cc[0]}.{cc[1]}"}, {"gpu": _gpu_label(i, g)}
     if "bf16" in want:
         ev.append(_ev("requested", f"bf16 requested by {want['bf16']}"))
-        return [_finding(
-            "env.bf16_unsupported", "error", f"bf16 requested but {_gpu_label(i, g)} has no native bf16",
-            summary="transformers stops with `Your setup doesn't support bf16/gpu`; torch.cuda.is_bf16_supported() may still say "
-                    "True because it counts slow emulation, so loradoctor judges by compute capability.",
-            evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"},
-            fixes=[Fix("Train in fp16 instead (TrainingArguments / accelerate)", "--fp16 True --bf16 False   # ACCELERATE_MIXED_PRECISION=fp16"),
-                   Fix("For QLoRA also compute in fp16", "bnb_4bit_compute_dtype=torch.float16")],
-        )]
+        return [_finding("env.bf16_unsupported", "error", "requested", evidence=ev, facts=facts_, words=words)]
+    return [_finding("env.bf16_unsupported", "info", "not_requested", evidence=ev, facts=facts_, words=words, confidence=0.8)]
+
+
+@check("fp8", area="gpu")
+def check_fp8(snapshot: dict) -> list[Finding]:
+    """FP8 mixed precision (ACCELERATE_MIXED_PRECISION=fp8) only on compute capability >= 8.9 (Ada, Hopper)"""
+    if env_vars(snapshot).get("ACCELERATE_MIXED_PRECISION", "").strip().lower() != "fp8":
+        return []
+    old = [(i, g, cc) for i, g, cc in _feature_gpus(snapshot) if cc < (8, 9)]
+    if not old:
+        return []
+    i, g, cc = old[0]
     return [_finding(
-        "env.bf16_unsupported", "info", f"{_gpu_label(i, g)} has no native bf16: use fp16 mixed precision",
-        evidence=ev, facts={"compute_capability": f"{cc[0]}.{cc[1]}"}, confidence=0.8,
-        fixes=[Fix("Pick fp16 in your config", "--fp16 True")],
+        "env.fp8_unsupported", "error", "requested",
+        evidence=[_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9: Ada, Hopper)"),
+                  _ev("env_vars.ACCELERATE_MIXED_PRECISION", "fp8")],
+        facts={"compute_capability": f"{cc[0]}.{cc[1]}"},
+        words={"gpu": _gpu_label(i, g), "fallback": "bf16" if cc >= (8, 0) else "fp16"},
     )]
 
 
@@ -672,86 +637,66 @@ def check_flash_attn_support(snapshot: dict) -> list[Finding]:
         ev = [_ev(_gpu_where(i, g), f"{g.get('name')} compute capability {cc[0]}.{cc[1]} (FlashAttention 2 needs 8.0)")]
         if asked:
             ev.append(_ev("requested", f"flash-attn requested by {want['flash-attn']}"))
-        out.append(_finding(
-            "env.flash_attn_unsupported", "error" if asked else "warning",
-            f"FlashAttention 2 does not run on {_gpu_label(i, g)}",
-            summary="The kernel stops with `FlashAttention only supports Ampere GPUs or newer.`",
-            evidence=ev,
-            fixes=[Fix("Use PyTorch's SDPA attention instead", 'attn_implementation="sdpa"')],
-        ))
+        out.append(_finding("env.flash_attn_unsupported", "error" if asked else "warning", "fa2_old_gpu",
+                            evidence=ev, words={"gpu": _gpu_label(i, g)}))
     fa3 = pk.get("flash-attn-3") or pk.get("flash_attn_3")
     if fa3 and feats and not any(cc[0] == 9 for _, _, cc in feats):
         i, g, cc = feats[0]
         out.append(_finding(
-            "env.flash_attn_unsupported", "warning",
-            f"FlashAttention 3 ({fa3}) is installed but it needs a Hopper GPU; {_gpu_label(i, g)} is {cc[0]}.{cc[1]}",
+            "env.flash_attn_unsupported", "warning", "fa3_not_hopper",
+            words={"fa3_version": fa3, "gpu": _gpu_label(i, g), "compute_capability": f"{cc[0]}.{cc[1]}"},
             evidence=[_ev("packages.flash-attn-3", str(fa3)), _ev(_gpu_where(i, g), str(g.get("name")))],
-            fixes=[Fix("Use FlashAttention 2 or SDPA on this GPU", 'attn_implementation="flash_attention_2"  # or "sdpa"')],
         ))
     return out
 
 
-def _extension_broken(snapshot: dict, key: str, check: str, cause: str, label: str, reinstall: str) -> list[Finding]:
+def _extension_broken(snapshot: dict, key: str, cause: str) -> list[Finding]:
     sec = _section(snapshot, key)
     probe = sec.get("probe") if isinstance(sec.get("probe"), dict) else {}
     if not sec.get("installed") or probe.get("status") in (None, "ok", "missing", "skipped"):
         return []
     reason = probe.get("reason") or probe.get("status")
     return [_finding(
-        cause, "error", f"{label} {sec.get('version', '')} is installed but does not load: {reason}".replace("  ", " "),
-        summary="Usually a wheel built for another torch or CUDA version (undefined symbol), or a CUDA library it cannot find.",
+        cause, "error", "does_not_load", words={"version": sec.get("version", ""), "reason": reason},
         evidence=_stderr_evidence(probe, key) or [_ev(f"{key}.probe", str(reason))],
         facts={"probe_status": probe.get("status"), "torch": _torch_base_version(snapshot)},
-        fixes=[Fix(f"Reinstall {label} against the torch you have now", reinstall)],
     )]
 
 
 @check("flash_attn_broken", area="packages")
 def check_flash_attn_broken(snapshot: dict) -> list[Finding]:
     """flash-attn loads in a child process and is new enough"""
-    out = _extension_broken(snapshot, "flash_attn", "flash_attn_broken", "env.flash_attn_broken", "flash-attn",
-                            "pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir")
+    out = _extension_broken(snapshot, "flash_attn", "env.flash_attn_broken")
     fa = _section(snapshot, "flash_attn")
     version = fa.get("version") or _section(snapshot, "packages").get("flash-attn")
     want = requested(snapshot)
     if "flash-attn" in want and not version and ("installed" in fa or "packages" in snapshot):
         if not any(cc < (8, 0) for _, _, cc in _feature_gpus(snapshot)):
             out.append(_finding(
-                "env.flash_attn_broken", "error", "flash-attn requested but not installed",
-                summary="transformers stops with `the package flash_attn seems to be not installed`.",
+                "env.flash_attn_broken", "error", "requested_missing",
                 evidence=[_ev("requested", f"flash-attn requested by {want['flash-attn']}"), _ev("packages", "flash-attn not found")],
-                fixes=[Fix("Install it (prebuilt wheels exist for common torch/CUDA pairs)", "pip install flash-attn --no-build-isolation"),
-                       Fix("Or use SDPA", 'attn_implementation="sdpa"')],
             ))
     floor = facts()["minimum_versions"]["flash-attn"]
     if version and version_tuple(version) and version_tuple(version) < version_tuple(floor):
-        out.append(_finding(
-            "env.flash_attn_broken", "warning", f"flash-attn {version} is older than {floor}, the minimum transformers accepts",
-            evidence=[_ev("packages.flash-attn", str(version))],
-            fixes=[Fix("Upgrade it", "pip install -U flash-attn --no-build-isolation")],
-        ))
+        out.append(_finding("env.flash_attn_broken", "warning", "too_old", words={"version": version, "minimum": floor},
+                            evidence=[_ev("packages.flash-attn", str(version))]))
     return out
 
 
 @check("bnb_broken", area="packages")
 def check_bnb_broken(snapshot: dict) -> list[Finding]:
     """bitsandbytes loads with its CUDA library"""
-    out = _extension_broken(snapshot, "bitsandbytes", "bnb_broken", "env.bnb_broken", "bitsandbytes",
-                            "pip install --force-reinstall -U bitsandbytes && python -m bitsandbytes")
+    out = _extension_broken(snapshot, "bitsandbytes", "env.bnb_broken")
     bnb = _section(snapshot, "bitsandbytes")
     if not out and bnb.get("installed") and bnb.get("cuda") is False and gpus(snapshot) and torch_is_cuda_build(snapshot):
         out.append(_finding(
-            "env.bnb_broken", "error", f"bitsandbytes {bnb.get('version', '')} loads without its CUDA library",
-            summary="4-bit / 8-bit quantization and 8-bit optimizers are unavailable (`compiled without GPU support`).",
+            "env.bnb_broken", "error", "no_cuda_library", words={"version": bnb.get("version", "")},
             evidence=[_ev("bitsandbytes.cuda", str(bnb.get("detail") or "no CUDA backend"))] + _stderr_evidence(bnb.get("probe") or {}, "bitsandbytes"),
-            fixes=[Fix("Install a bitsandbytes wheel that ships binaries for torch's CUDA", "pip install -U bitsandbytes && python -m bitsandbytes")],
         ))
     want = requested(snapshot)
     if "bnb" in want and "installed" in bnb and not bnb.get("installed"):
-        out.append(_finding(
-            "env.bnb_broken", "error", "bitsandbytes requested (QLoRA) but not installed",
-            evidence=[_ev("requested", f"bnb requested by {want['bnb']}")], fixes=[Fix("Install it", "pip install -U bitsandbytes")],
-        ))
+        out.append(_finding("env.bnb_broken", "error", "requested_missing",
+                            evidence=[_ev("requested", f"bnb requested by {want['bnb']}")]))
     return out
 
 
@@ -774,14 +719,11 @@ def check_version_conflict(snapshot: dict) -> list[Finding]:
         except (InvalidVersion, InvalidSpecifier):
             continue
         out.append(_finding(
-            "env.version_conflict", rule.get("severity", "error"),
-            f"{rule['when']} {have} needs {rule['needs']}{rule['needs_spec']}, found {need}",
-            summary=rule["source"],
+            "env.version_conflict", rule.get("severity", "error"), "floor",
+            words={"package": rule["when"], "version": have, "needs": rule["needs"], "needs_spec": rule["needs_spec"],
+                   "found": need, "source": rule["source"], "needs_package": rule["needs"] != "torch",
+                   "needs_torch": rule["needs"] == "torch", "package_ceiling": rule["when_spec"].split(",")[0].lstrip(">=~=")},
             evidence=[_ev(f"packages.{rule['when']}", str(have)), _ev(f"packages.{rule['needs']}", str(need))],
-            fixes=[Fix(f"Bring {rule['needs']} into range", f"pip install '{rule['needs']}{rule['needs_spec']}'")
-                   if rule["needs"] != "torch" else
-                   Fix(f"Upgrade torch (keep your CUDA tag) or pin {rule['when']} to a release that accepts torch {need}",
-                       f"pip install '{rule['when']}<{rule['when_spec'].split(',')[0].lstrip('>=~=')}'")],
             confidence=0.8,
         ))
     return out
@@ -799,13 +741,9 @@ def check_ld_library_path(snapshot: dict) -> list[Finding]:
     libs = sorted({lib for d in dirs for lib in d.get("libs") or []})
     cudnn = any("cudnn" in lib for lib in libs)
     return [_finding(
-        "env.cudnn" if cudnn else "env.version_conflict", "warning",
-        "LD_LIBRARY_PATH puts system CUDA libraries ahead of the ones the torch wheel ships",
-        summary="A different libcudnn / libcudart / libnccl found first gives `cuDNN version incompatibility`, "
-                "`undefined symbol` or NCCL failures.",
+        "env.cudnn" if cudnn else "env.version_conflict", "warning", "ld_library_path",
         evidence=[_ev("system.ld_library_path_cuda_dirs", f"{d['dir']}: {', '.join(d.get('libs') or [])}") for d in dirs[:4]],
-        fixes=[Fix("Run training without those directories (the pip wheels bring their own CUDA libraries)", _ld_fix(snapshot, dirs))],
-        confidence=0.6,
+        words={"ld_command": _ld_fix(snapshot, dirs)}, confidence=0.6,
     )]
 
 
@@ -885,36 +823,22 @@ def check_settings(snapshot: dict) -> list[Finding]:
         _, problems = parse_alloc_conf(value)
         if problems:
             out.append(_finding(
-                "env.bad_setting", "error", f"{name} is not valid: {problems[0]}",
-                summary="torch reads this at the first CUDA allocation and stops (or silently ignores the option).",
+                "env.bad_setting", "error", "alloc_conf_invalid", words={"name": name, "problem": problems[0]},
                 evidence=[_ev(f"env_vars.{name}", value)] + [_ev(f"env_vars.{name}", p) for p in problems[1:]],
-                fixes=[Fix("A valid value that fights fragmentation", f"export {name}=expandable_segments:True")],
             ))
     if len(confs) == 2 and len(set(confs.values())) == 2:
-        out.append(_finding(
-            "env.bad_setting", "warning", "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF disagree",
-            summary="Which one wins depends on the torch release; set one.",
-            evidence=[_ev(f"env_vars.{k}", v) for k, v in confs.items()],
-            fixes=[Fix("Keep one of them", "unset PYTORCH_ALLOC_CONF")],
-        ))
+        out.append(_finding("env.bad_setting", "warning", "alloc_conf_disagree",
+                            evidence=[_ev(f"env_vars.{k}", v) for k, v in confs.items()]))
     if ev_vars.get("CUDA_LAUNCH_BLOCKING", "").strip() == "1":
-        out.append(_finding(
-            "env.bad_setting", "warning", "CUDA_LAUNCH_BLOCKING=1 is set: every kernel runs synchronously",
-            summary="Useful to locate a CUDA error; it makes training several times slower if left on.",
-            evidence=[_ev("env_vars.CUDA_LAUNCH_BLOCKING", "1")], fixes=[Fix("Unset it after debugging", "unset CUDA_LAUNCH_BLOCKING")],
-        ))
+        out.append(_finding("env.bad_setting", "warning", "launch_blocking", evidence=[_ev("env_vars.CUDA_LAUNCH_BLOCKING", "1")]))
     offline = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if ev_vars.get(k, "").strip().lower() in ("1", "true", "yes", "on")]
     if offline:
-        out.append(_finding(
-            "env.bad_setting", "info", f"{offline[0]}=1: models and datasets load from the local cache only",
-            evidence=[_ev(f"env_vars.{k}", ev_vars[k]) for k in offline], confidence=0.8,
-        ))
+        out.append(_finding("env.bad_setting", "info", "offline", words={"name": offline[0]},
+                            evidence=[_ev(f"env_vars.{k}", ev_vars[k]) for k in offline], confidence=0.8))
     if ev_vars.get("NCCL_P2P_DISABLE") == "1" or ev_vars.get("NCCL_IB_DISABLE") == "1":
         keys = [k for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE") if ev_vars.get(k) == "1"]
-        out.append(_finding(
-            "env.bad_setting", "info", f"{' and '.join(keys)} set: multi-GPU traffic takes a slower path",
-            evidence=[_ev(f"env_vars.{k}", "1") for k in keys], confidence=0.7,
-        ))
+        out.append(_finding("env.bad_setting", "info", "nccl_disabled", words={"names": " and ".join(keys)},
+                            evidence=[_ev(f"env_vars.{k}", "1") for k in keys], confidence=0.7))
     return out
 
 
@@ -937,23 +861,18 @@ def check_other_process(snapshot: dict) -> list[Finding]:
                 pid_text, kill = f"pid {pid}", f"kill {pid}   # then: kill -9 {pid}"
             zombie = p.get("alive") is False or p.get("status") == "zombie"
             tight = total and free is not None and free < 0.1 * total
-            parent = f"kill {p['ppid']}" if p.get("ppid") else f"kill $(ps -o ppid= -p {pid})"
-            fixes = ([Fix("The process is a zombie: its parent has not reaped it, so the driver still holds the memory. "
-                          "Stop the parent", parent),
-                      Fix("If the memory stays held, reset the GPU when nothing else runs on it",
-                          f"sudo nvidia-smi --gpu-reset -i {g.get('index', i)}")]
-                     if zombie else
-                     [Fix(f"Stop it if it is a leftover run or notebook ({name}, {format_bytes(used)})", kill)])
-            if not zombie and len(gpus(snapshot)) > 1:
-                fixes.append(Fix("Or train on another GPU", f"export CUDA_VISIBLE_DEVICES={_other_gpu(snapshot, i)}"))
+            words = {"used": format_bytes(used), "gpu": _gpu_label(i, g), "pid_text": pid_text, "name": name, "kill": kill,
+                     "gpu_index": g.get("index", i),
+                     "parent_kill": f"kill {p['ppid']}" if p.get("ppid") else f"kill $(ps -o ppid= -p {pid})"}
+            if total and free is not None:
+                words.update(free=format_bytes(free), total=format_bytes(total))
+            if len(gpus(snapshot)) > 1:
+                words["other_gpu"] = _other_gpu(snapshot, i)
             out.append(_finding(
-                "oom.other_process", "error" if tight else "warning",
-                f"{'A dead/zombie process' if zombie else 'Another process'} holds {format_bytes(used)} on {_gpu_label(i, g)}: "
-                f"{pid_text} ({name})",
-                summary=f"{format_bytes(free)} of {format_bytes(total)} free on that GPU." if total and free is not None else "",
+                "oom.other_process", "error" if tight else "warning", "zombie" if zombie else "running", words=words,
                 evidence=[_ev(f"nvidia.gpus[{i}].processes", f"{pid_text} {name} {format_bytes(used)}"
                               + (" (not running: zombie)" if zombie else ""))],
-                facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, fixes=fixes, confidence=0.85,
+                facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, confidence=0.85,
             ))
     return out
 
@@ -987,22 +906,17 @@ def check_thermal_power(snapshot: dict) -> list[Finding]:
                 limit = g.get("power_limit_w")
                 ev.append(_ev(f"nvidia.gpus[{i}].power_draw_w", f"{g.get('power_draw_w')} W of {limit} W" if limit is not None else f"{g.get('power_draw_w')} W"))
             out.append(_finding(
-                "hw.thermal_power", "warning",
-                f"{_gpu_label(i, g)} is throttling: {', '.join(bad) or 'near its slowdown temperature'}",
-                summary="Hardware slowdown halves clocks or worse; repeated it precedes Xid 62/79 resets. (sw_power_cap under load is normal.)",
-                evidence=ev,
-                fixes=[Fix("Check airflow, fans and power cabling; watch it under load", f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER -i {g.get('index', i)}"),
-                       Fix("Cap power while you investigate", f"sudo nvidia-smi -i {g.get('index', i)} -pl <watts>")],
-                confidence=0.8,
+                "hw.thermal_power", "warning", "throttling", evidence=ev, confidence=0.8,
+                words={"gpu": _gpu_label(i, g), "reasons": ", ".join(bad) or "near its slowdown temperature", "gpu_index": g.get("index", i)},
             ))
         gc, gm = g.get("pcie_gen_current"), g.get("pcie_gen_max")
         wc, wm = g.get("pcie_width_current"), g.get("pcie_width_max")
         if wc and wm and wc < wm:
             out.append(_finding(
-                "hw.thermal_power", "info",
-                f"{_gpu_label(i, g)} PCIe link runs x{wc} of x{wm}" + (f" (gen {gc} of {gm})" if gc and gm else ""),
-                summary="The link drops at idle; a narrow width under load points at the slot, riser or BIOS settings.",
-                evidence=[_ev(f"nvidia.gpus[{i}].pcie_width_current", f"x{wc} of x{wm}")], confidence=0.4,
+                "hw.thermal_power", "info", "pcie_narrow", confidence=0.4,
+                words={"gpu": _gpu_label(i, g), "width_current": wc, "width_max": wm,
+                       "gen_current": gc if gc and gm else None, "gen_max": gm if gc and gm else None},
+                evidence=[_ev(f"nvidia.gpus[{i}].pcie_width_current", f"x{wc} of x{wm}")],
             ))
     return out
 
@@ -1073,11 +987,8 @@ def check_mig(snapshot: dict) -> list[Finding]:
     out = []
     for i, g in enumerate(gpus(snapshot)):
         if str(g.get("mig_mode") or "").lower() == "enabled":
-            out.append(_finding(
-                "env.no_gpu_visible", "info", f"{_gpu_label(i, g)} runs in MIG mode",
-                summary="Processes see one MIG slice (CUDA_VISIBLE_DEVICES=MIG-...), with a fraction of the memory.",
-                evidence=[_ev(f"nvidia.gpus[{i}].mig_mode", "Enabled")], confidence=0.7,
-            ))
+            out.append(_finding("env.no_gpu_visible", "info", "mig", words={"gpu": _gpu_label(i, g)},
+                                evidence=[_ev(f"nvidia.gpus[{i}].mig_mode", "Enabled")], confidence=0.7))
     return out
 
 
@@ -1101,20 +1012,13 @@ def check_deep_matmul(snapshot: dict) -> list[Finding]:
             no_kernel = "no kernel image" in err
             detail = err or f"max relative error {res.get('max_rel_err')} against fp32"
             out.append(_finding(
-                "env.arch_unsupported" if no_kernel else "cuda.illegal_access", "error",
-                f"{dtype} matmul on {label} {'failed' if err else 'gave wrong results'}: {detail}"[:200],
-                summary="A tiny matrix product in half precision should match fp32 closely; a failure points at the torch "
-                        "build (missing kernels) or, with correct kernels, at the GPU itself.",
-                evidence=[_ev(f"torch.deep[{idx}].{dtype}", detail)],
-                repro=dtype,
-                fixes=[Fix("Repeat it in isolation", f"loradoctor repro run {dtype}"),
-                       Fix("Check the GPU's health (ECC, Xid) and run the vendor diagnostic", "dcgmi diag -r 2")],
-                confidence=0.8,
+                "env.arch_unsupported" if no_kernel else "cuda.illegal_access", "error", "deep_matmul",
+                words={"dtype": dtype, "gpu": label, "outcome": "failed" if err else "gave wrong results", "detail": detail},
+                evidence=[_ev(f"torch.deep[{idx}].{dtype}", detail)], repro=dtype, confidence=0.8, headline_limit=200,
             ))
     return out
 
 
-# The GPU test (`loradoctor repro run ID`) that confirms a finding of this cause on the machine itself.
 # ---------------------------------------------------------------- can this machine fine-tune on a GPU?
 
 GATE_CHECK = "gpu_training"
@@ -1165,20 +1069,14 @@ def check_gpu_training(snapshot: dict) -> list[Finding]:
     why = [w for _, w in blockers]
     no_gpu = any(where.startswith("nvidia") for where, _ in blockers)
     reason = why[0] if len(why) == 1 else ", ".join(why[:-1]) + " and " + why[-1]
-    fixes = []
-    if any(where == "torch" or where == "torch.cuda_version" for where, _ in blockers):
-        fixes.append(Fix("On the machine you train on, install a CUDA build of torch (pick the tag for its driver: "
-                         "`loradoctor env` there names it)", f"pip install torch --index-url {TORCH_INDEX}/cu128"))
     asked = requested(snapshot)
     evidence = [_ev(where, w) for where, w in blockers] + [_ev("requested", f"{feat} requested by {src}") for feat, src in asked.items()]
-    fixes.append(Fix("Check the machine you will train on, with the features you will use", "loradoctor env --want bf16"))
-    fixes.append(Fix("Or judge the features against that card from here", "loradoctor env --gpu 'RTX 4090' --want bf16,flash-attn"))
     return [_finding(
-        "env.no_gpu_visible" if no_gpu else "env.torch_cpu_only", "warning",
-        f"GPU fine-tuning is not possible here: {reason}",
-        summary="A LoRA / QLoRA run would stop at the first `.cuda()` (or crawl on the CPU). CPU work and tests are fine here.",
-        evidence=evidence,
-        facts={"gpu_fine_tuning_possible": False, "reasons": why}, fixes=fixes, confidence=0.95,
+        "env.no_gpu_visible" if no_gpu else "env.torch_cpu_only", "warning", "gpu_training", evidence=evidence,
+        facts={"gpu_fine_tuning_possible": False, "reasons": why}, confidence=0.95,
+        # without a GPU, `repro run cuda-init` only SKIPs: the fixes say how to see why there is none
+        words={"reason": reason, "no_gpu": no_gpu, "cpu_build": any(where == "torch.cuda_version" for where, _ in blockers),
+               "needs_torch": any(where in ("torch", "torch.cuda_version") for where, _ in blockers)},
     )]
 
 
@@ -1226,9 +1124,10 @@ def run_checks(snapshot: dict, only: Optional[Iterable[str]] = None, strict: boo
             f.rule, f.area = f"env.{chk.name}", chk.area
         findings.extend(produced)
     _gate_severity(findings, snapshot, strict)
+    gpu_here = has_gpu(snapshot)
     for f in findings:
-        if f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
-            f.repro = catalogue.get(f.cause).repro
+        if gpu_here and f.repro is None and f.severity != "info" and f.cause in catalogue.causes():
+            f.repro = catalogue.get(f.cause).repro  # a repro runs on a GPU: without one it only SKIPs
     return display_order(assign_ranks(findings))
 
 

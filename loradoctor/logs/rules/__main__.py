@@ -1,4 +1,4 @@
-"""`python -m loradoctor.logs.rules sync-schema`: rewrite the schema's enums from the docs."""
+"""`python -m loradoctor.logs.rules sync-schema`: rewrite the schema's repro enum from the repro library (cause ids come from the catalogue at load time)."""
 
 import sys
 from pathlib import Path

@@ -142,6 +142,16 @@ class LazyRegexes:
         return (self[i] for i in range(len(self.sources)))
 
 
+def _catalogue_fixes(cause: str) -> list[Fix]:
+    """A rule that gives no fixes takes its cause's next steps from the catalogue (loradoctor/data/causes.yaml);
+    a rule's own title, summary and fixes override the catalogue's wording."""
+    from loradoctor import catalogue
+
+    if cause not in catalogue.causes():
+        return []  # reported by the schema check
+    return [Fix(text=text, command=command) for text, command in catalogue.fixes_for(cause, {}, "explain")]
+
+
 def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Rule], list[str]]:
     """A compiled Rule from one validated YAML mapping, and the problems (field: message).
     eager=False defers regex compilation to first use (LazyRegexes)."""
@@ -156,7 +166,7 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         confidence=confidence, summary=data["summary"], patterns=list(data.get("patterns", [])),
         prefilter=list(data.get("prefilter", [])), require_all=list(data.get("require_all", [])),
         exclude=list(data.get("exclude", [])), when=data.get("when"), facts=list(data.get("facts", [])),
-        fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])],
+        fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])] or _catalogue_fixes(data["cause"]),
         fix_when=[f.get("when") for f in data.get("fixes", [])],
         fix_unless=[f.get("unless") for f in data.get("fixes", [])],
         repro=data.get("repro"), consequence_of=list(data.get("consequence_of", [])),

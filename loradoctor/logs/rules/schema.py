@@ -114,20 +114,20 @@ def validate_schema(value: Any, schema: dict, root: Optional[dict] = None, path:
 
 
 # ---------------------------------------------------------------------------------------------
-# keeping the schema's enums in step with the docs (a developer tool; docs/ is not installed)
+# keeping the schema's repro enum in step with the repro library (a developer tool)
 
 def sync_schema_enums(repo_root: "str | Path") -> list[str]:
-    """Rewrite rules/schema.json's cause and repro enums (for editors; loading uses the catalogue) from
-    loradoctor/data/causes.yaml. Returns the ids added. Run `python -m loradoctor.logs.rules sync-schema` after adding a cause."""
+    """Rewrite rules/schema.json's repro enum (for editors; loading uses the repro library) from the repro
+    catalog. Returns the ids added. Cause ids are not in the file: the loader fills that enum from the cause
+    catalogue, so adding a cause touches no schema. Run `python -m loradoctor.logs.rules sync-schema` after
+    adding a repro."""
     root = Path(repo_root)
-    causes, repros = cause_ids(), repro_ids()
+    repros = repro_ids()
     path = root / "rules" / "schema.json"
     schema = json.loads(path.read_text(encoding="utf-8"))
     props = schema["$defs"]["rule"]["properties"]
-    added = [c for c in causes if c not in props["cause"]["enum"]] + [r for r in repros if r not in props["repro"]["enum"]]
-    props["cause"]["enum"] = causes
+    added = [r for r in repros if r not in props["repro"]["enum"]]
     props["repro"]["enum"] = repros
     path.write_text(json.dumps(schema, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     load_schema.cache_clear()
     return added
-
