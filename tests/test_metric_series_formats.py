@@ -215,3 +215,55 @@ def test_hostile_lines_are_linear(text):
     parse_metric_record(text)
     parse_bar_description(text)
     assert time.process_time() - started < 0.5
+
+
+# --- the series through the rules: precision decides which nan cause comes first -------------------
+
+_STABLE_THEN_NAN = "".join(f"Step {i} | loss:{2.0 - i * 0.01:.4f} lr:2e-05 grad_norm:0.{40 + i}\n" for i in range(1, 13)) \
+    + "".join(f"Step {i} | loss:nan lr:2e-05 grad_norm:nan\n" for i in range(13, 17))
+
+
+def _causes(report):
+    return [(f.cause, f.rule) for f in report.findings]
+
+
+def test_nan_after_stable_stretch_fp16_names_overflow_first(tmp_path):
+    report = explain_text(tmp_path, "INFO: Using 16bit Automatic Mixed Precision (AMP)\n" + _STABLE_THEN_NAN)
+    assert report.facts["metrics.precision"] == "fp16"
+    assert report.findings[0].cause == "nan.fp16_overflow", _causes(report)
+
+
+def test_nan_after_stable_stretch_bf16_names_divergence_and_drops_overflow(tmp_path):
+    report = explain_text(tmp_path, "training with bf16=True, lr=2e-05\n" + _STABLE_THEN_NAN)
+    assert report.facts["metrics.precision"] == "bf16"
+    assert report.findings[0].cause == "nan.divergence", _causes(report)
+    assert "nan.fp16_overflow" not in [c for c, _ in _causes(report)]
+
+
+def test_nan_after_stable_stretch_unknown_precision_says_both(tmp_path):
+    report = explain_text(tmp_path, _STABLE_THEN_NAN)
+    assert "metrics.precision" not in report.facts
+    causes = [c for c, _ in _causes(report)]
+    assert causes[0] == "nan.fp16_overflow" and "nan.divergence" in causes, _causes(report)
+    alt = report.findings[0].differential
+    assert any(a["cause"] == "nan.divergence" and "bf16" in a["tells_apart"] for a in alt), alt
+
+
+def test_zero_loss_from_first_record_in_a_hand_written_loop(tmp_path):
+    text = "".join(f"    epoch 1 step {i * 10} loss 0.0\n" for i in range(1, 6))
+    report = explain_text(tmp_path, text.lower())
+    assert report.findings[0].rule == "loss-zero-from-start", _causes(report)
+
+
+def test_short_stable_stretch_unknown_precision_still_offers_divergence(tmp_path):
+    """Six finite records, no climb, then nan: the numbers alone cannot rule divergence out (before the
+    precision counted, the differential dropped it under ten finite records)."""
+    losses = [2.0, 1.97, 1.99, 1.975, 1.98, 1.985]  # no climb: a rise ratio of 1.01
+    text = "".join(f"Step {i} | loss:{x:.4f} lr:2e-04\n" for i, x in enumerate(losses, 1)) \
+        + "".join(f"Step {i} | loss:nan lr:2e-04\n" for i in range(7, 10))
+    report = explain_text(tmp_path, text)
+    assert report.findings[0].cause == "nan.fp16_overflow", _causes(report)
+    assert [a["cause"] for a in report.findings[0].differential][:1] == ["nan.divergence"]
+    fp16 = explain_text(tmp_path, "fp16=True,\n" + text, name="fp16.log")
+    assert fp16.findings[0].cause == "nan.fp16_overflow"
+    assert "nan.divergence" not in [a["cause"] for a in fp16.findings[0].differential]
