@@ -267,3 +267,23 @@ def test_short_stable_stretch_unknown_precision_still_offers_divergence(tmp_path
     fp16 = explain_text(tmp_path, "fp16=True,\n" + text, name="fp16.log")
     assert fp16.findings[0].cause == "nan.fp16_overflow"
     assert "nan.divergence" not in [a["cause"] for a in fp16.findings[0].differential]
+
+
+@pytest.mark.parametrize("losses, trailing", [
+    ([1.0, 0.9, NAN], 1),
+    ([1.0, NAN, 0.9], 0),                 # the loss came back
+    ([1.0, NAN, NAN, 0.9, NAN, NAN], 2),
+    ([NAN, NAN], 2),
+    ([1.0, 0.9], None),                   # no nan: no fact
+])
+def test_trailing_nan_count(losses, trailing):
+    for cut in range(len(losses) + 1):  # record by record and in two batches: the same
+        one, bulk = LossAggregate(), LossAggregate()
+        for x in losses:
+            one.add(x)
+        bulk.add_many(losses[:cut])
+        bulk.add_many(losses[cut:])
+        for agg in (one, bulk):
+            v = {}
+            agg.publish(v)
+            assert v.get("metrics.trailing_nan_count") == trailing

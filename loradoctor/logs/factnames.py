@@ -17,7 +17,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "memsum.alloc_retries", "memsum.oom_count",
     # metrics
     "metrics.steps", "metrics.first_loss", "metrics.last_loss", "metrics.min_loss", "metrics.max_loss",
-    "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan",
+    "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan", "metrics.trailing_nan_count",
     "metrics.loss_zero_count", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
     "metrics.loss_repeat_period", "metrics.loss_repeated_records",
     "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",

@@ -104,6 +104,7 @@ class LossAggregate:
         self.loss_max: Optional[float] = None
         self.max_after_min: Optional[float] = None  # the highest finite loss after the minimum
         self.loss_nan = 0  # non-finite losses
+        self.trailing_nan = 0  # non-finite losses at the end of the series so far
         self.loss_zero = 0
         self.first_nonfinite: Optional[int] = None  # 1-based record of the first non-finite loss or grad norm
         self.finite_before_nan = 0
@@ -147,8 +148,10 @@ class LossAggregate:
             if self.flat_run > self.flat_best:
                 self.flat_best = self.flat_run
             self.prev_loss = loss
+            self.trailing_nan = 0
         else:
             self.loss_nan += 1
+            self.trailing_nan += 1
             self.flat_run = 0
             self.prev_loss = None
         if gn is not None:
@@ -190,6 +193,10 @@ class LossAggregate:
                 self.finite_before_nan = start + first_bad - self.loss_nan
         values = losses if all_finite else list(itertools.compress(losses, finite))
         self.loss_nan += n - len(values)
+        if not values:
+            self.trailing_nan += n
+        else:
+            self.trailing_nan = 0 if all_finite else finite[::-1].index(True)  # the non-finite after the last finite
         self.records = start + n
         if values:
             if self.loss_first is None:
@@ -255,6 +262,8 @@ class LossAggregate:
         if self.first_nonfinite is not None:
             v["metrics.first_nonfinite_index"] = self.first_nonfinite
             v["metrics.finite_before_nan"] = self.finite_before_nan
+        if self.loss_nan:
+            v["metrics.trailing_nan_count"] = self.trailing_nan
         if self.loss_first is not None:
             v["metrics.first_loss"] = self.loss_first
             v["metrics.last_loss"] = self.loss_last
