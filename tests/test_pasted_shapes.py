@@ -45,6 +45,15 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("oom-non-pytorch-library/pos-cublas-alloc-failed-linear.log", "lower"): "oom.non_pytorch -> cuda.illegal_access: not fixed yet",
     ("oom-other-process-nvidia-smi/pos-cublas-alloc-then-smi.log", "lower"): "oom.other_process -> cuda.illegal_access: not fixed yet",
     ("trainoutput-loss-zero/pos-completion-collator-bf16.log", "lower"): "loss.zero -> None: not fixed yet",
+    # the rotation moved again with the series branch's seven new pos- fixtures (2026-12-01): the same
+    # first causes come out of the main branch's code for these pairs (measured), not new regressions
+    ("hw-clocks-throttled-csv/pos-throttle-reasons-old-driver.log", "lower"): "hw.thermal_power -> None: not fixed yet",
+    ("nan-loss-notebook-table/pos-hf-notebook-fp16-with-eval.log", "line_numbers"): "nan.fp16_overflow -> None: notebook loss tables are read from raw blocks, before line prefixes are peeled",
+    ("oom-eval-or-save/pos-merge-and-unload-4bit-colab.log", "lower"): "oom.eval_or_save -> oom.capacity: not fixed yet",
+    ("oom-model-load-frames/pos-mps-invalid-buffer-warmup.log", "rich"): "oom.model_load -> oom.capacity: not fixed yet",
+    ("oom-model-load-raw/pos-accelerator-error-model-to-device.log", "lower"): "oom.model_load -> oom.non_pytorch: not fixed yet",
+    ("oom-non-pytorch-raw/pos-triton-launcher-oom.log", "lower"): "oom.non_pytorch -> oom.capacity: not fixed yet",
+    ("torch-sdpa-flash-kernel-unavailable/pos-windows-wheel.log", "lower"): "slow.attention_fallback -> None: not fixed yet",
 }
 
 
