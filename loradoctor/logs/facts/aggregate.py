@@ -12,8 +12,10 @@ from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
 from loradoctor.logs.facts.metrics import (
     _APEX_OVERFLOW_RE, _DICT_PAIR_RE, _DS_OVERFLOW_RE, _JSON_PAIR_RE, _OLD_OVERFLOW_RE, _PEFT_RE, _TABLE_HEAD_RE,
     _ITER_LINE_RE, _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
-    parse_bar_description, parse_bar_postfix, precision_of, parse_metric_record, parse_table_row, parse_wandb_value, table_columns,
+    parse_bar_description, parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, precision_of,
+    table_columns,
 )
+
 
 class RepeatTracker:
     """Does the loss series repeat itself from its first record on (`2.31, 2.12, 2.45, 2.31, 2.12, 2.45,
