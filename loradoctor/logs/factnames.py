@@ -17,13 +17,14 @@ KNOWN_FACTS: tuple[str, ...] = (
     "memsum.alloc_retries", "memsum.oom_count",
     # metrics
     "metrics.steps", "metrics.first_loss", "metrics.last_loss", "metrics.min_loss", "metrics.max_loss",
-    "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan",
+    "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan", "metrics.trailing_nan_count",
     "metrics.loss_zero_count", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
+    "metrics.loss_repeat_period", "metrics.loss_repeated_records",
     "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",
     "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",
     "metrics.train_finished", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
-    "metrics.mem_rising_records", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
+    "metrics.mem_rising_records", "metrics.precision", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
     # trace
     "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
     # config

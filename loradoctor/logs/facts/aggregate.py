@@ -11,9 +11,87 @@ from typing import Any, Callable, Optional
 from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
 from loradoctor.logs.facts.metrics import (
     _APEX_OVERFLOW_RE, _DICT_PAIR_RE, _DS_OVERFLOW_RE, _JSON_PAIR_RE, _OLD_OVERFLOW_RE, _PEFT_RE, _TABLE_HEAD_RE,
-    _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
-    parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, table_columns,
+    _ITER_LINE_RE, _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
+    parse_bar_description, parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, precision_of,
+    table_columns,
 )
+
+
+class RepeatTracker:
+    """Does the loss series repeat itself from its first record on (`2.31, 2.12, 2.45, 2.31, 2.12, 2.45,
+    ...`: a loop over the same batches in the same order whose weights never change)? The smallest
+    period of the series so far, found online with the prefix function of Knuth-Morris-Pratt (amortised
+    O(1) a record) over the first `STORE` losses; after those, each record is compared with the record
+    one period earlier (O(1), nothing more kept). A non-finite loss ends the tracking (no repetition)."""
+
+    STORE = 16384
+
+    def __init__(self) -> None:
+        self.seq: list = []
+        self.border: list = []  # border[i]: the longest proper prefix of seq[:i + 1] that is also its suffix
+        self.n = 0  # records seen
+        self.period = 0  # once the store is full: the period the rest must follow (0: not periodic)
+        self.broken = False
+
+    def add(self, x: float) -> None:
+        if self.broken:
+            return
+        if x - x != 0:  # nan / inf
+            self.broken = True
+            return
+        seq = self.seq
+        if self.n < self.STORE:
+            k = self.border[-1] if seq else 0
+            if seq:
+                while k > 0 and seq[k] != x:
+                    k = self.border[k - 1]
+                if seq[k] == x:
+                    k += 1
+            seq.append(x)
+            self.border.append(k)
+            self.n += 1
+            if self.n == self.STORE:
+                period = self.n - k
+                self.period = period if k >= period else 0
+                if not self.period:
+                    self.broken = True
+            return
+        if x != seq[self.n % self.period]:
+            self.broken = True
+            return
+        self.n += 1
+
+    def add_many(self, values: list) -> None:
+        """`add` for each value (list comparisons once the store is full)."""
+        i = 0
+        while i < len(values) and not self.broken and self.n < self.STORE:
+            self.add(values[i])
+            i += 1
+        if i >= len(values) or self.broken:
+            return
+        rest = values[i:] if i else values
+        p, start = self.period, self.n % self.period
+        expected = list(itertools.islice(itertools.cycle(self.seq[:p]), start, start + len(rest)))
+        if rest == expected:
+            self.n += len(rest)
+        else:  # a nan compares unequal too
+            self.broken = True
+
+    def result(self) -> Optional[tuple[int, int]]:
+        """(period, records that repeat an earlier one) when the whole series repeats a stretch of two or
+        more different losses at least once in full; None otherwise (a constant loss is a flat one)."""
+        if self.broken or self.n < 4:
+            return None
+        if self.n <= self.STORE:
+            repeated = self.border[self.n - 1]
+            period = self.n - repeated
+        else:
+            period = self.period
+            repeated = self.n - period
+        if period < 2 or repeated < period or len(set(self.seq[:period])) < 2:
+            return None
+        return period, repeated
+
 
 class LossAggregate:
     """The streaming aggregates of a run's loss, grad norm and learning rate (docs/facts.md
@@ -28,6 +106,7 @@ class LossAggregate:
         self.loss_max: Optional[float] = None
         self.max_after_min: Optional[float] = None  # the highest finite loss after the minimum
         self.loss_nan = 0  # non-finite losses
+        self.trailing_nan = 0  # non-finite losses at the end of the series so far
         self.loss_zero = 0
         self.first_nonfinite: Optional[int] = None  # 1-based record of the first non-finite loss or grad norm
         self.finite_before_nan = 0
@@ -39,10 +118,12 @@ class LossAggregate:
         self.gn_nan = 0
         self.lr_max: Optional[float] = None
         self.lr_last: Optional[float] = None
+        self.repeat = RepeatTracker()
 
     def add(self, loss: float, gn: Optional[float] = None, lr: Optional[float] = None) -> bool:
         """One record (gn and lr None when absent). True when it is the first non-finite one."""
         self.records += 1
+        self.repeat.add(loss)
         finite = loss - loss == 0  # false for nan and +-inf
         first_bad = False
         if self.first_nonfinite is None and (not finite or (gn is not None and gn - gn != 0)):
@@ -69,8 +150,10 @@ class LossAggregate:
             if self.flat_run > self.flat_best:
                 self.flat_best = self.flat_run
             self.prev_loss = loss
+            self.trailing_nan = 0
         else:
             self.loss_nan += 1
+            self.trailing_nan += 1
             self.flat_run = 0
             self.prev_loss = None
         if gn is not None:
@@ -95,6 +178,7 @@ class LossAggregate:
         if not n:
             return None
         start = self.records  # records before this batch; record k has index start + k + 1
+        self.repeat.add_many(losses)
         finite = list(map(math.isfinite, losses))
         all_finite = all(finite)
         gn_finite = list(map(math.isfinite, gns)) if gns is not None else None
@@ -111,6 +195,10 @@ class LossAggregate:
                 self.finite_before_nan = start + first_bad - self.loss_nan
         values = losses if all_finite else list(itertools.compress(losses, finite))
         self.loss_nan += n - len(values)
+        if not values:
+            self.trailing_nan += n
+        else:
+            self.trailing_nan = 0 if all_finite else finite[::-1].index(True)  # the non-finite after the last finite
         self.records = start + n
         if values:
             if self.loss_first is None:
@@ -176,6 +264,8 @@ class LossAggregate:
         if self.first_nonfinite is not None:
             v["metrics.first_nonfinite_index"] = self.first_nonfinite
             v["metrics.finite_before_nan"] = self.finite_before_nan
+        if self.loss_nan:
+            v["metrics.trailing_nan_count"] = self.trailing_nan
         if self.loss_first is not None:
             v["metrics.first_loss"] = self.loss_first
             v["metrics.last_loss"] = self.loss_last
@@ -185,6 +275,9 @@ class LossAggregate:
             v["metrics.loss_flat_steps"] = self.flat_best
             if self.max_after_min is not None and self.loss_min and self.loss_min > 0:
                 v["metrics.loss_rise_ratio"] = self.max_after_min / self.loss_min
+            repeat = self.repeat.result()
+            if repeat is not None:
+                v["metrics.loss_repeat_period"], v["metrics.loss_repeated_records"] = repeat
         if self.gn_first is not None:
             v["metrics.grad_norm_first"] = self.gn_first
             v["metrics.grad_norm_max"] = self.gn_max
@@ -231,7 +324,13 @@ class MetricsExtractor(Extractor):
         ("trainable params", False), ("mem=", False), ("memory/", False),
         # torchtune bar: `1|12|Loss: 1.87:`; mlx-lm `Iter 75: Train loss 3.3`; `step 9 | loss 2.3 | lr ...`
         ("rain loss ", False), ("| loss ", False), ("|Loss: ", False),
+        # loops that are not the Trainer, any case: timm `Loss: 6.912 (6.930)  ...  LR: 1.000e-03`,
+        # mmengine `... grad_norm: 3.2  loss: 0.6931`, a hand-written `epoch 1 step 10 loss 0.0`,
+        # fairseq `| epoch 001 | loss 7.123 | ... | gnorm 1.8 |`, litgpt `| loss train: 2.112, val: n/a |`
+        ("loss:", True), ("loss ", True),
         ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
+        # the run's precision (metrics.precision): `fp16=True`, `--bf16`, `torch_dtype=torch.float16`, ...
+        ("fp16", False), ("bf16", False), ("float16", False), ("Bfloat16 = ", False), ("16bit Automatic", False),
     )
 
     # fed line by line (no engine block path), Trainer dicts arrive as lines too
@@ -259,6 +358,7 @@ class MetricsExtractor(Extractor):
         self._table_rows: list = []  # (record, raw row, line number in block, make_line)
         self._wandb: dict[str, float] = {}  # the last `wandb: Run summary:` values
         self._wandb_line: Any = None
+        self._precisions: set = set()  # 'fp16' / 'bf16' seen switched on
 
     @property
     def records(self) -> int:
@@ -270,9 +370,9 @@ class MetricsExtractor(Extractor):
         touched = False
         if "wandb:" in text:
             touched |= self._wandb_feed(line)
-        elif "loss" in text or "train_runtime" in text or "mem" in text or "|Loss: " in text:
+        elif "loss" in text or "train_runtime" in text or "mem" in text or "Loss" in text or "LOSS" in text:
             if not (self.block_metrics and ("{'loss'" in text or '"loss"' in text)) \
-                    and ("{" in text or "=" in text or ":" in text or "|" in text):
+                    and ("{" in text or "=" in text or ":" in text or "|" in text or _ITER_LINE_RE.search(text)):
                 touched |= self._metrics(line)
         if "trainable params" in text:
             m = _PEFT_RE.search(text)
@@ -283,6 +383,11 @@ class MetricsExtractor(Extractor):
         if "verflow" in text or "OVERFLOW" in text:
             self._overflow(line)
             touched = True
+        if "16" in text and len(self._precisions) < 2:
+            found = precision_of(text)
+            if found is not None:
+                self._precisions.add(found)
+                touched = True
         return touched
 
     @property
@@ -371,6 +476,8 @@ class MetricsExtractor(Extractor):
                         record = {"loss": _float(m.group(3)), "step": float(m.group(2))}
                     except ValueError:
                         record = None
+                else:  # a hand-written description: `Epoch 2/3 | step 40 | loss=nan:  13%|...`
+                    record = parse_bar_description(text)
         else:
             record = parse_metric_record(text)
         if record:
@@ -477,7 +584,7 @@ class MetricsExtractor(Extractor):
         loss = record.get("loss")
         if not isinstance(loss, float):
             return
-        gn = record.get("grad_norm")
+        gn = record.get("grad_norm", record.get("gnorm"))  # fairseq's json records: "gnorm"
         lr = record.get("learning_rate", record.get("lr"))
         first_bad = self.loss.add(loss, gn if isinstance(gn, float) else None, lr if isinstance(lr, float) else None)
         if self.loss.records == 1:
@@ -539,6 +646,8 @@ class MetricsExtractor(Extractor):
             v["metrics.eval_loss_last"] = self._eval_last
         if self._finished:
             v["metrics.train_finished"] = True
+        if self._precisions:
+            v["metrics.precision"] = self._precisions.pop() if len(self._precisions) == 1 else "both"
         if self._overflows:
             v["metrics.overflow_skips"] = self._overflows
             if self._scale_min is not None:

@@ -53,10 +53,19 @@ def _bfloats(texts: Iterable[bytes]) -> list:
 
 
 _SPACED_MEMORY_KEY_RE = lazy_re(r"\b(?:(?:GPU|gpu|CUDA|cuda) )?[Mm]emory (allocated|reserved|used|active|Allocated|Reserved|Used|Active)\b")
-_ITER_LINE_RE = lazy_re(r"^\W*(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
+# a line that starts with its step (`step 100 | loss 2.31`, `[Epoch 1] ...`), or carries it after a
+# logger's `|` prefix (fairseq: `2021-03-01 10:00:00 | INFO | train | epoch 001 | loss 7.123 | ...`)
+_ITER_LINE_RE = lazy_re(r"(?:^\W*|\|[ \t]*)(?:iter(?:ation)?|step|epoch)\s*\[?\d+", re.I)
 _SPACED_METRIC_RE = lazy_re(
-    r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm)"
+    r"(?<![Vv]al )(?<![Ee]val )(?<![Tt]est )\b(train(?:ing)?[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm|gnorm)"
     r"\s+(-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf)(?![\w.])", re.I)  # not `\d+\.?\d*`: quadratic
+# litgpt's `| loss train: 2.112, val: n/a |` and hand-written `| Loss Train: 0.4132 | Loss Val: ...`
+# (`\s*(?:[:=]\s*)?`, not `\s*[:=]?\s*`: two runs of spaces back to back split a long run n ways)
+_LOSS_TRAIN_RE = lazy_re(r"\bloss[ _]train\s*(?:[:=]\s*)?(" + _NUMBER + r")(?![\w.])", re.I)
+# series keys as loops print them, any case (timm's `Loss:` / `LR:`, a recased paste's `Loss:`,
+# fairseq's `gnorm`) -> the record keys the aggregates read
+_SERIES_KEYS = {"loss": "loss", "lr": "lr", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
+                "gnorm": "grad_norm", "grad_norm_total": "grad_norm"}
 
 
 def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
@@ -74,7 +83,18 @@ def parse_metric_record(text: str) -> Optional[dict[str, Any]]:
         except ValueError:
             continue
         out[key] = (value, m.group(3)) if m.group(3) else value
-    if not any("loss" in k.lower() for k in out) and _ITER_LINE_RE.match(text):
+    for key in list(out):
+        canon = _SERIES_KEYS.get(key.lower())
+        if canon is not None and canon != key:
+            out.setdefault(canon, out[key])
+    if "loss" not in out and ("rain" in text or "RAIN" in text):
+        m = _LOSS_TRAIN_RE.search(text)
+        if m:
+            try:
+                out["loss"] = _float(m.group(1))
+            except ValueError:
+                pass
+    if not any("loss" in k.lower() for k in out) and _ITER_LINE_RE.search(text):
         # `Iter 75: Train loss 3.316, Learning Rate 1.000e-04` (mlx-lm), `step 100 | loss 2.31 | lr 2e-4`:
         # names and numbers separated by a space, on a line that starts with its step
         spaced: dict[str, Any] = {}
@@ -110,6 +130,18 @@ def parse_bar_postfix(text: str) -> Optional[dict[str, Any]]:
     return None
 
 
+def parse_bar_description(text: str) -> Optional[dict[str, Any]]:
+    """A hand-written tqdm description that holds the loss (`Epoch 2/3 | step 40 | loss=nan:  13%|██ |
+    40/300 [...]`, `epoch 1 loss 0.0: 45%|...`) as a metric record; None when it holds none. The
+    description is the text before the bar's `NN%|`, cut with string operations (no regex)."""
+    at = text.find("%|")
+    head = text[:at].rstrip("0123456789").rstrip(" \t:") if at > 0 else ""
+    if not head:
+        return None
+    record = parse_metric_record(head)
+    return record if record and isinstance(record.get("loss"), float) else None
+
+
 def _metric_bytes(key: str, value: Any) -> Optional[int]:
     """A memory metric in bytes: unit from the value (`12.3G`) or the key (`(gib)`, `_mb`)."""
     unit = None
@@ -133,6 +165,36 @@ def _metric_bytes(key: str, value: Any) -> Optional[int]:
     if not isinstance(value, float) or not math.isfinite(value):
         return None
     return _size(f"{value}{unit}")
+
+
+# The precision a run shows (metrics.precision, for the differential: a nan in fp16 is overflow first,
+# in bf16 divergence first). The clear "on" forms of the fp16 rules' lines (rules/numerics.yaml):
+# `fp16=True` / `--fp16` / `mixed_precision: fp16` / `compute dtype: torch.float16` / a model loaded with
+# `torch_dtype=torch.float16` / DeepSpeed's `"fp16": {"enabled": true` / Unsloth's `Bfloat16 = FALSE` /
+# Lightning's `Using 16bit Automatic Mixed Precision` / torchtune's `dtype: fp16`, and their bf16 twins.
+# (`(?:\s*[=:])?\s*`, not `\s*[=:]?\s*`: two space runs back to back split a long run n ways)
+def _precision_re(name: str, dtype: str, amp: str, unsloth: str) -> "re.Pattern[str]":
+    return lazy_re(
+        r"\b" + name + r"['\"]?\s*[=:]\s*['\"]?(?:True|true|1|yes)\b"
+        r"|--" + name + r"(?![\w-])(?![ =]+(?:False|false|0)\b)"
+        r"|(?i:mixed[_ ]precision)(?: type)?(?:\s*[=:])?\s*['\"]?" + name + r"\b"
+        r"|(?:compute dtype: |dtype\s*=\s*|with precision )torch\." + dtype + r"\b"
+        r"|\"" + name + r"\":\s*\{\s*\"enabled\":\s*true"
+        r"|Bfloat16 = " + unsloth + r"|Using " + amp + r" Automatic Mixed Precision"
+        r"|^\s*dtype: " + name + r"\s*$")
+
+
+_FP16_ON_RE = _precision_re("fp16", "float16", "16bit", "FALSE")
+_BF16_ON_RE = _precision_re("bf16", "bfloat16", "bfloat16", "TRUE")
+
+
+def precision_of(text: str) -> Optional[str]:
+    """'fp16' or 'bf16' when the line shows that precision switched on, else None."""
+    if _FP16_ON_RE.search(text):
+        return "fp16"
+    if _BF16_ON_RE.search(text):
+        return "bf16"
+    return None
 
 
 _PEFT_RE = lazy_re(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")

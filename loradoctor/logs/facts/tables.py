@@ -10,7 +10,7 @@
 # metrics: names as printed -> metric record keys
 # `Iter 75: Train loss 3.316, Learning Rate 1.000e-04` (mlx-lm), `step 100 | loss 2.31 | lr 2e-4`
 SPACED_KEYS = {"train loss": "loss", "training loss": "loss", "loss": "loss", "learning rate": "learning_rate",
-               "lr": "learning_rate", "grad norm": "grad_norm"}
+               "lr": "learning_rate", "grad norm": "grad_norm", "gnorm": "grad_norm"}
 # the postfix key of a tqdm bar that holds the loss (Lightning's `train_loss=`, kohya's `avr_loss=`), first wins
 BAR_LOSS_KEYS = ("loss", "train_loss", "avr_loss", "avg_loss", "train/loss")
 # the columns of a notebook Trainer table

@@ -1,0 +1,289 @@
+"""Loss / grad-norm / learning-rate series printed by loops that are not the HF Trainer (issue 10 item 4):
+timm, mmengine, Keras, torchtune, Lightning, fairseq, litgpt and hand-written lines / tqdm descriptions,
+each as printed and as pasted (lower-cased, indented, quoted, in a markdown fence); and the repetition
+tracker behind `metrics.loss_repeat_period`."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from conftest import explain_text
+from loradoctor.logs.facts import FactCollector
+from loradoctor.logs.facts.aggregate import LossAggregate, RepeatTracker
+from loradoctor.logs.facts.metrics import parse_bar_description, parse_metric_record
+from loradoctor.logs.reader import Line
+
+NAN = float("nan")
+
+# (format, lines, expected (loss, grad_norm, learning rate) per record; None where the line has none)
+FORMATS = {
+    "timm": ([
+        "Train: 3 [   0/1251 (  0%)]  Loss: 6.912 (6.912)  Time: 2.412s,  424.48/s  (2.412s,  424.48/s)  LR: 1.000e-03  Data: 1.812 (1.812)",
+        "Train: 3 [ 100/1251 (  8%)]  Loss: 6.905 (6.910)  Time: 0.412s, 2485.44/s  (0.431s, 2375.02/s)  LR: 1.000e-03  Data: 0.010 (0.028)",
+        "Train: 3 [ 200/1251 ( 16%)]  Loss: nan (nan)  Time: 0.413s, 2480.12/s  (0.430s, 2376.90/s)  LR: 1.000e-03  Data: 0.011 (0.027)",
+    ], [(6.912, None, 1e-3), (6.905, None, 1e-3), (NAN, None, 1e-3)]),
+    "hand-spaced": ([
+        "epoch 1 step 10 loss 0.0",
+        "epoch 1 step 20 loss 0.0",
+        "Step 30 | Loss 0.0 | Grad Norm nan | LR 2e-4",
+    ], [(0.0, None, None), (0.0, None, None), (0.0, NAN, 2e-4)]),
+    "hand-tqdm-description": ([
+        "Epoch 2/3 | step 40 | loss=1.2034:  13%|█▎        | 40/300 [00:10<01:05,  3.98it/s]",
+        "Epoch 2/3 | step 50 | loss=nan:  17%|█▋        | 50/300 [00:12<01:03,  3.97it/s]",
+    ], [(1.2034, None, None), (NAN, None, None)]),
+    "fairseq": ([
+        "2021-03-01 10:00:00 | INFO | train_inner | epoch 001:    100 / 1000 loss=7.123, nll_loss=6.9, ppl=119.4, wps=12000, ups=3.2, wpb=3800, bsz=128, num_updates=100, lr=1.25e-05, gnorm=1.812, loss_scale=128, train_wall=31, wall=35",
+        "2021-03-01 10:05:00 | INFO | train | epoch 001 | loss 6.511 | nll_loss 6.2 | ppl 80.1 | wps 12000 | num_updates 200 | lr 2.5e-05 | gnorm 1.4 | train_wall 31 | wall 70",
+        '{"epoch": 2, "update": 1.1, "loss": "nan", "nll_loss": "nan", "lr": "2.5e-05", "gnorm": "nan", "num_updates": "210"}',
+    ], [(7.123, 1.812, 1.25e-05), (6.511, 1.4, 2.5e-05), (NAN, NAN, 2.5e-05)]),
+    "mmengine": ([
+        "2023/05/01 10:00:00 - mmengine - INFO - Epoch(train)  [1][ 50/500]  lr: 1.0000e-04  eta: 1:00:00  time: 0.5000  data_time: 0.0100  memory: 6814  grad_norm: 3.2000  loss: 0.6931  loss_cls: 0.6931",
+        "2023/05/01 10:01:00 - mmengine - INFO - Epoch(train)  [1][100/500]  lr: 1.0000e-04  eta: 0:59:00  time: 0.5000  data_time: 0.0100  memory: 6814  grad_norm: nan  loss: nan  loss_cls: nan",
+    ], [(0.6931, 3.2, 1e-4), (NAN, NAN, 1e-4)]),
+    "lightning": ([
+        "Epoch 0:  45%|████▌     | 450/1000 [01:23<01:41, 5.41it/s, v_num=0, train_loss=0.000]",
+        "Epoch 0:  46%|████▌     | 460/1000 [01:25<01:40, 5.41it/s, v_num=0, train_loss=0.000]",
+    ], [(0.0, None, None), (0.0, None, None)]),
+    "keras": ([
+        "100/100 [==============================] - 5s 50ms/step - loss: 2.3026 - accuracy: 0.1000",
+        "100/100 [==============================] - 5s 50ms/step - loss: nan - accuracy: 0.1000",
+    ], [(2.3026, None, None), (NAN, None, None)]),
+    "torchtune-logger": ([
+        "Step 12 | loss:1.8721 lr:2e-05 tokens_per_second_per_gpu:1234.5 peak_memory_active:18.02",
+        "Step 13 | loss:nan lr:2e-05 grad_norm:nan tokens_per_second_per_gpu:1230.1 peak_memory_active:18.02",
+    ], [(1.8721, None, 2e-05), (NAN, NAN, 2e-05)]),
+    "litgpt": ([
+        "Epoch 1 | iter 1 step 0 | loss train: 2.112, val: n/a | iter time: 512.33 ms",
+        "Epoch 1 | iter 2 step 1 | loss train: nan, val: n/a | iter time: 250.10 ms (step)",
+    ], [(2.112, None, None), (NAN, None, None)]),
+}
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
+
+
+def _collect(texts):
+    c = FactCollector()
+    for i, t in enumerate(texts, 1):
+        c.feed(Line(file="t.log", lineno=i, text=t, rank=None, time_s=None, raw=t, input_index=0))
+    return c.finish().flat()
+
+
+VARIANTS = {
+    "as printed": lambda lines: lines,
+    "lower-cased": lambda lines: [x.lower() for x in lines],
+    "indented": lambda lines: ["    " + x for x in lines],
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_each_format_gives_one_record_per_line(fmt, variant):
+    """The collector (line by line) reads every line of the format as one record with its numbers."""
+    lines, expected = FORMATS[fmt]
+    f = _collect(VARIANTS[variant](lines))
+    assert f["metrics.steps"] == len(expected)
+    finite = [e[0] for e in expected if not math.isnan(e[0])]
+    assert f["metrics.loss_nan_count"] == len(expected) - len(finite)
+    if finite:
+        assert f["metrics.first_loss"] == pytest.approx(finite[0])
+    gns = [e[1] for e in expected if e[1] is not None]
+    assert f["metrics.grad_norm_nan_count"] == sum(math.isnan(g) for g in gns)
+    if any(not math.isnan(g) for g in gns):
+        assert f["metrics.grad_norm_max"] == pytest.approx(max(g for g in gns if not math.isnan(g)))
+    lrs = [e[2] for e in expected if e[2] is not None]
+    if lrs:
+        assert f["metrics.lr_max"] == pytest.approx(max(lrs))
+    else:
+        assert "metrics.lr_max" not in f
+
+
+PASTES = {
+    "lower-cased": lambda text: text.lower(),
+    "indented": lambda text: "".join("    " + x + "\n" for x in text.splitlines()),
+    "quoted": lambda text: "".join("> " + x + "\n" for x in text.splitlines()),
+    "markdown fence": lambda text: "```\n" + text + "```\n",
+}
+
+
+@pytest.mark.parametrize("paste", list(PASTES))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_each_format_survives_the_paste(tmp_path, fmt, paste):
+    """Through the engine (prefilter, reader, recaser): the same record count and nan count however it was pasted."""
+    lines, expected = FORMATS[fmt]
+    report = explain_text(tmp_path, PASTES[paste]("\n".join(lines) + "\n"))
+    assert report.facts.get("metrics.steps") == len(expected), report.facts
+    assert report.facts["metrics.loss_nan_count"] == sum(math.isnan(e[0]) for e in expected)
+
+
+def test_parsers_by_hand():
+    assert parse_metric_record("* Epoch [1/5], Step [100/600], Loss: 0.2143")["loss"] == 0.2143
+    assert parse_metric_record("EPOCH 1 STEP 10 LOSS 0.0")["loss"] == 0.0
+    assert parse_metric_record("`epoch 1 step 10 loss 0.5`")["loss"] == 0.5
+    assert parse_metric_record("Epoch 3 | Loss Train: 0.4132 | Loss Val: 0.5")["loss"] == 0.4132
+    r = parse_metric_record("| epoch 001 | loss 7.123 | nll_loss 6.9 | lr 2.5e-05 | gnorm 1.4 | wall 70")
+    assert r == {"loss": 7.123, "learning_rate": 2.5e-05, "grad_norm": 1.4}
+    # prose and validation losses are no training records
+    assert parse_metric_record("the loss function is cross entropy") is None
+    assert parse_metric_record("val loss 2.3 at epoch 1") is None
+    assert parse_bar_description("Epoch 1/3 | step 40 | loss=0.25:  13%|█▎   | 40/300 [00:10<01:05,  3.98it/s]") == {"loss": 0.25}
+    assert parse_bar_description("Training:  13%|█▎   | 40/300 [00:10<01:05,  3.98it/s]") is None
+    assert parse_bar_description("%| no description") is None
+
+
+def test_prose_about_loss_makes_no_record():
+    f = _collect(["We compute the loss over the answer tokens only.", "Loss scale is dynamic.",
+                  "step 1: the loss went down", "Training Loss  Validation Loss"])
+    assert "metrics.steps" not in f
+
+
+# --- the repetition tracker ----------------------------------------------------------------------
+
+EPOCH = [2.4113, 2.2871, 2.3502, 2.519]
+
+
+@pytest.mark.parametrize("series, result", [
+    (EPOCH * 3, (4, 8)),
+    (EPOCH * 3 + EPOCH[:2], (4, 10)),      # a last epoch cut short still repeats
+    (EPOCH * 2, (4, 4)),
+    (EPOCH * 3 + [1.0], None),             # the last record breaks it
+    (EPOCH, None),                         # no repetition
+    ([1.0] * 12, None),                    # constant: loss_flat_steps' case
+    (EPOCH + [NAN] + EPOCH, None),         # a nan ends it
+    ([0.52, 0.51, 0.52, 0.51, 0.52], (2, 3)),
+])
+def test_repeat_tracker(series, result):
+    one, bulk = RepeatTracker(), RepeatTracker()
+    for x in series:
+        one.add(x)
+    bulk.add_many(series)
+    assert one.result() == result and bulk.result() == result
+
+
+def test_repeat_tracker_beyond_its_store():
+    """Past STORE records each one is checked against the record a period earlier, nothing more kept."""
+    store = RepeatTracker.STORE
+    series = EPOCH * (store // len(EPOCH) + 50)
+    for chunk in (1, 777, len(series)):
+        t = RepeatTracker()
+        for i in range(0, len(series), chunk):
+            t.add_many(series[i:i + chunk])
+        assert t.result() == (4, len(series) - 4) and len(t.seq) == store
+    t = RepeatTracker()
+    t.add_many(series + [9.0])
+    assert t.result() is None
+    t = RepeatTracker()
+    t.add_many([random.random() for _ in range(store + 10)])
+    assert t.result() is None and t.broken
+
+
+def test_repeat_facts_published():
+    agg = LossAggregate()
+    agg.add_many(EPOCH * 3)
+    v = {}
+    agg.publish(v)
+    assert v["metrics.loss_repeat_period"] == 4 and v["metrics.loss_repeated_records"] == 8
+    agg = LossAggregate()
+    for x in [3.0, 2.5, 2.0, 1.8, 1.7]:
+        agg.add(x)
+    v = {}
+    agg.publish(v)
+    assert "metrics.loss_repeat_period" not in v
+
+
+@pytest.mark.parametrize("text", [
+    "loss train" + " " * 20000 + "x",
+    "epoch 1 " + "|" * 20000,
+    "|" + " " * 20000 + "step x",
+    "step 1 " + "loss " * 5000,
+    "epoch" + " " * 20000 + "loss 1",
+    "Epoch 1 | loss train: " + "1" * 20000 + "x",
+    "loss 0.0" + "%|" * 10000,
+    "epoch 1 " + "9" * 20000 + "%|",
+])
+def test_hostile_lines_are_linear(text):
+    """The series parsers on long runs of the characters their patterns repeat: well under a second."""
+    import time
+
+    started = time.process_time()
+    parse_metric_record(text)
+    parse_bar_description(text)
+    assert time.process_time() - started < 0.5
+
+
+# --- the series through the rules: precision decides which nan cause comes first -------------------
+
+_STABLE_THEN_NAN = "".join(f"Step {i} | loss:{2.0 - i * 0.01:.4f} lr:2e-05 grad_norm:0.{40 + i}\n" for i in range(1, 13)) \
+    + "".join(f"Step {i} | loss:nan lr:2e-05 grad_norm:nan\n" for i in range(13, 17))
+
+
+def _causes(report):
+    return [(f.cause, f.rule) for f in report.findings]
+
+
+def test_nan_after_stable_stretch_fp16_names_overflow_first(tmp_path):
+    report = explain_text(tmp_path, "INFO: Using 16bit Automatic Mixed Precision (AMP)\n" + _STABLE_THEN_NAN)
+    assert report.facts["metrics.precision"] == "fp16"
+    assert report.findings[0].cause == "nan.fp16_overflow", _causes(report)
+
+
+def test_nan_after_stable_stretch_bf16_names_divergence_and_drops_overflow(tmp_path):
+    report = explain_text(tmp_path, "training with bf16=True, lr=2e-05\n" + _STABLE_THEN_NAN)
+    assert report.facts["metrics.precision"] == "bf16"
+    assert report.findings[0].cause == "nan.divergence", _causes(report)
+    assert "nan.fp16_overflow" not in [c for c, _ in _causes(report)]
+
+
+def test_nan_after_stable_stretch_unknown_precision_says_both(tmp_path):
+    report = explain_text(tmp_path, _STABLE_THEN_NAN)
+    assert "metrics.precision" not in report.facts
+    causes = [c for c, _ in _causes(report)]
+    assert causes[0] == "nan.fp16_overflow" and "nan.divergence" in causes, _causes(report)
+    alt = report.findings[0].differential
+    assert any(a["cause"] == "nan.divergence" and "bf16" in a["tells_apart"] for a in alt), alt
+
+
+def test_zero_loss_from_first_record_in_a_hand_written_loop(tmp_path):
+    text = "".join(f"    epoch 1 step {i * 10} loss 0.0\n" for i in range(1, 6))
+    report = explain_text(tmp_path, text.lower())
+    assert report.findings[0].rule == "loss-zero-from-start", _causes(report)
+
+
+def test_short_stable_stretch_unknown_precision_still_offers_divergence(tmp_path):
+    """Six finite records, no climb, then nan: the numbers alone cannot rule divergence out (before the
+    precision counted, the differential dropped it under ten finite records)."""
+    losses = [2.0, 1.97, 1.99, 1.975, 1.98, 1.985]  # no climb: a rise ratio of 1.01
+    text = "".join(f"Step {i} | loss:{x:.4f} lr:2e-04\n" for i, x in enumerate(losses, 1)) \
+        + "".join(f"Step {i} | loss:nan lr:2e-04\n" for i in range(7, 10))
+    report = explain_text(tmp_path, text)
+    assert report.findings[0].cause == "nan.fp16_overflow", _causes(report)
+    assert [a["cause"] for a in report.findings[0].differential][:1] == ["nan.divergence"]
+    fp16 = explain_text(tmp_path, "fp16=True,\n" + text, name="fp16.log")
+    assert fp16.findings[0].cause == "nan.fp16_overflow"
+    assert "nan.divergence" not in [a["cause"] for a in fp16.findings[0].differential]
+
+
+@pytest.mark.parametrize("losses, trailing", [
+    ([1.0, 0.9, NAN], 1),
+    ([1.0, NAN, 0.9], 0),                 # the loss came back
+    ([1.0, NAN, NAN, 0.9, NAN, NAN], 2),
+    ([NAN, NAN], 2),
+    ([1.0, 0.9], None),                   # no nan: no fact
+])
+def test_trailing_nan_count(losses, trailing):
+    for cut in range(len(losses) + 1):  # record by record and in two batches: the same
+        one, bulk = LossAggregate(), LossAggregate()
+        for x in losses:
+            one.add(x)
+        bulk.add_many(losses[:cut])
+        bulk.add_many(losses[cut:])
+        for agg in (one, bulk):
+            v = {}
+            agg.publish(v)
+            assert v.get("metrics.trailing_nan_count") == trailing
