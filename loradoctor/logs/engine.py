@@ -173,19 +173,27 @@ class MatchBudget:
 class Matcher:
     """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
 
-    def __init__(self, rules: list[Rule]):
+    def __init__(self, rules: list[Rule], nocase: bool = False):
         self.rules = rules
         self.budget = MatchBudget(rules)
+        # nocase: for an input pasted lower-cased (reader.is_lowered), every literal and every pattern of
+        # the rules is matched ignoring case; the Recaser gives back what the fact extractors need
+        self.nocase = nocase
         targets: dict[tuple[str, bool], set] = {}
+
+        def key(text: str, ci: bool) -> tuple[str, bool]:
+            ci = ci or nocase
+            return (text.lower() if ci else text, ci)
+
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
-                targets.setdefault((text.lower() if ci else text, ci), set()).add(("p", i, 0))
+                targets.setdefault(key(text, ci), set()).add(("p", i, 0))
             for j, lits in enumerate(rule.require_literals):
                 for text, ci in lits:
-                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("r", i, j))
+                    targets.setdefault(key(text, ci), set()).add(("r", i, j))
             for j, lits in enumerate(rule.exclude_literals):
                 for text, ci in lits:
-                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
+                    targets.setdefault(key(text, ci), set()).add(("x", i, j))
         # a line that contains literal K also contains every literal inside K
         keys = list(targets)
         inside = contained_in(keys)
@@ -284,7 +292,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 progress: Optional[Callable] = None) -> list[_RuleState]:
     """One pass over every input: feed candidate lines to the collector and the rules, and
     Trainer metric dicts (found by one regex over the raw block) to the collector's fast path."""
-    matcher = Matcher(rules)
+    plain = matcher = Matcher(rules)
+    nocase: Optional[Matcher] = None  # built on the first lower-cased input
     states = [_RuleState(required=[False] * len(r.require_all)) for r in rules]
     # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
@@ -304,6 +313,16 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             # starts at each, so line numbers add the joins before a line
             done += len(block)
             if not sample:
+                # the first block: it told whether the input was pasted lower-cased
+                chosen = plain
+                if item.lowered:
+                    nocase = nocase or Matcher(rules, nocase=True)
+                    chosen = nocase
+                if chosen is not matcher:
+                    matcher = chosen
+                    matcher.budget = MatchBudget(rules)
+                    matcher.line_cache.clear()
+                    matcher.refresh(states, b"")
                 # anchors that are rare in this input, outside the metric dicts (cut out below)
                 sample = PY_METRIC_DICT_RE.sub(b"", block[: 1 << 20])
                 matcher.prefilter.plan(sample)
@@ -502,6 +521,20 @@ def _record_line_maker(block: bytes, base: int, item: reader.Input,
     return line_at
 
 
+_NOCASE: dict[tuple, Any] = {}
+
+
+def _ignoring_case(compiled):
+    """The same regex ignoring case (for a lower-cased paste), compiled once per pattern."""
+    key = (compiled.pattern, compiled.flags)
+    found = _NOCASE.get(key)
+    if found is None:
+        import regex
+
+        found = _NOCASE[key] = regex.compile(compiled.pattern, compiled.flags | regex.IGNORECASE)
+    return found
+
+
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
     state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
@@ -529,15 +562,19 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                     continue
                 m = None
                 for pattern in rule.compiled_patterns:
-                    m = budget.search(i, pattern, text, line)
+                    m = budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern, text, line)
                     if m:
                         break
                 results.append((kind, i, j, m))
             elif kind == "r":
                 if not state.required[j]:
-                    results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
+                    pattern = rule.compiled_require[j]
+                    results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
+                                                              text, line)))
             elif not state.excluded:
-                results.append((kind, i, j, budget.search(i, rule.compiled_exclude[j], text, line)))
+                pattern = rule.compiled_exclude[j]
+                results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
+                                                          text, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()
