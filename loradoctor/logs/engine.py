@@ -847,7 +847,7 @@ def add_differential(findings: list[Finding], values: dict[str, Any], tail: list
     if verdict is None:
         if values.get("metrics.train_finished"):
             return findings  # the run trained to the end: its error-looking lines did not stop it
-        alts = differential.guess(tail, titles)
+        alts = differential.guess(tail, titles, values)
         if not alts:
             return findings
         verdict = alts[0][0]
