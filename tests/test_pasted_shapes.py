@@ -25,7 +25,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # a hard wrap from long lines (reader.detect_wrap_width), so the message stays cut in two
     ("dist-rendezvous-timeout/pos-gloo-recv-timeout.log", "wrap80"): "dist.launcher -> None: a single wrapped line is not detected as a wrap",
     ("env-arch-unsupported/pos-rocm-gfx-not-built.log", "wrap80"): "env.arch_unsupported -> env.torch_broken: a single wrapped line is not detected as a wrap",
-    ("hw-smi-table-uncorrectable-ecc/pos-a100-table-after-illegal-access.log", "line_numbers"): "hw.memory_errors -> cuda.illegal_access: an nvidia-smi table row behind a line number",
     # notebook loss tables are read from raw blocks (facts/metrics.py), before line prefixes are peeled
     ("loss-flat-at-chance/pos-notebook-epoch-table-ln2.log", "quoted"): "loss.flat -> None: a notebook loss table behind '> '",
     ("nan-loss-bf16-sudden/pos-unsloth-bf16-table-nan.log", "compose"): "nan.divergence -> None: a notebook loss table behind a compose prefix",

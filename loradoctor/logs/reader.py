@@ -852,11 +852,12 @@ def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
 
 
 _QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts) of a pasted log
-# a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`)
+# a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`, an
+# nvidia-smi table row `  18  |   3  NVIDIA A100 ... |`)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = re.compile(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+_PASTE_PREFIX_RE = re.compile(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:
