@@ -22,18 +22,6 @@ NAMES = list(SHAPES)
 # rotation became per-fixture; 12 of ~670), xfailed strictly so that a fix shows; see docs/explain.md
 # "Pasted shapes" for what is left
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ('dist-nccl-watchdog-timeout/pos-last-line-avoid-data-inconsistency.log', 'wrap80'): 'dist.nccl_timeout -> None: not fixed yet',
-    ('env-bnb-broken/pos-named-symbol-ops-cu.log', 'wrap80'): 'env.bnb_broken -> None: not fixed yet',
-    ('env-cudnn/pos-version-incompatibility.log', 'lower'): 'env.cudnn -> cuda.illegal_access: not fixed yet',
-    ('env-extension-build-failed/pos-fused-adam-so-missing-short.log', 'wrap80'): 'env.extension_build -> env.version_conflict: not fixed yet',
-    ('hw-smi-table-uncorrectable-ecc/pos-v100-old-table.log', 'lower'): 'hw.memory_errors -> None: not fixed yet',
-    ('loss-flat-at-chance/pos-notebook-epoch-table-ln2.log', 'quoted'): 'loss.flat -> None: notebook loss tables are read from raw blocks, before line prefixes are peeled',
-    ('nan-loss-bf16-sudden/pos-unsloth-bf16-table-nan.log', 'quoted'): 'nan.divergence -> None: not fixed yet',
-    ('nan-loss-notebook-table/pos-markdown-pipe-table-issue-paste.log', 'line_numbers'): 'nan.fp16_overflow -> None: not fixed yet',
-    ('oom-model-load/pos-mps-from-pretrained.log', 'rich'): 'oom.model_load -> oom.capacity: not fixed yet',
-    ('oom-model-load-frames/pos-raw-cuda-error-set-module-tensor.log', 'rich'): 'oom.model_load -> oom.non_pytorch: not fixed yet',
-    ('oom-model-load-whole-model-request/pos-hip-final-line-mi210.log', 'lower'): 'oom.model_load -> oom.capacity: not fixed yet',
-    ('oom-non-pytorch-library/pos-bnb-paged-optimizer.log', 'lower'): 'oom.non_pytorch -> None: not fixed yet',
 }
 
 

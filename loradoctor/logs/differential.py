@@ -16,7 +16,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence, Finding
@@ -32,6 +32,10 @@ _FAILURE_RE = lazy_re(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b
                          r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
                          r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b", re.I)
 _WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
+# a line that names no family whatever words it holds: a NameError's name is an identifier of the script
+# (`name 'LoraConfig' is not defined` is a missing import, not LoRA), and an index error of a Python
+# container is a bug in the script's data handling, not a kernel's index
+_NO_FAMILY_RE = lazy_re(r"^(?:[\w.]*\.)?NameError: |\b(?:list|tuple|string) index out of range", re.I)
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Guess:
     match: re.Pattern
     alternatives: list[str] = field(default_factory=list)
     tells_apart: str = ""
+    unless: Any = None  # a compiled regex: any error-looking line it finds rules the guess out
+    when: Any = None  # a compiled Condition on the facts under which the guess stays plausible
 
 
 CACHE_FORMAT = 1  # bump when what _data keeps changes shape
@@ -96,7 +102,11 @@ def _alternatives_for(cause: str, path: Path = TABLE) -> list[Alternative]:
 
 @functools.lru_cache(maxsize=1)
 def _guesses(path: Path = TABLE) -> list[Guess]:
-    return [Guess(g["cause"], re.compile(g["match"], re.I), list(g.get("alternatives", [])), g.get("tells_apart", ""))
+    from loradoctor.logs.rules import Condition
+
+    return [Guess(g["cause"], re.compile(g["match"], re.I), list(g.get("alternatives", [])), g.get("tells_apart", ""),
+                  re.compile(g["unless"], re.I) if g.get("unless") else None,
+                  Condition(g["when"]) if g.get("when") else None)
             for g in _data(path).get("guesses") or []]
 
 
@@ -151,16 +161,25 @@ def failure_lines(tail: Sequence[Evidence]) -> list[Evidence]:
     return [e for e in tail if _FAILURE_RE.search(e.text) and not _WARNING_RE.search(e.text)]
 
 
-def guess(tail: Sequence[Evidence], titles: dict[str, str]) -> list[tuple[Finding, str]]:
+def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dict[str, Any]] = None) -> list[tuple[Finding, str]]:
     """For an input no rule recognised: a guess and its alternatives, (finding, what would confirm or
-    tell it apart), from the last failure lines; [] when they name no family."""
+    tell it apart), from the last failure lines; [] when they name no family. A guess is left out when
+    an error-looking line rules it out (`unless`: a Slurm time limit explains a `task 0: Killed`) or the
+    facts do (`when`: a run that trained steps did not die of a broken torch install)."""
     lines = failure_lines(tail)
     if not lines:
         return []
     guesses = _guesses()
+    values = values or {}
     for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
+        if _NO_FAMILY_RE.search(line.text):
+            continue
         for g in guesses:
             if not g.match.search(line.text):
+                continue
+            if g.unless is not None and any(g.unless.search(e.text) for e in tail):
+                continue
+            if g.when is not None and not g.when.evaluate(values):
                 continue
             out = [(Finding(
                 cause=g.cause, rule="guess", severity="warning", confidence=GUESS_CONFIDENCE,

@@ -191,20 +191,29 @@ class MatchBudget:
 class Matcher:
     """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
 
-    def __init__(self, rules: list[Rule]):
+    def __init__(self, rules: list[Rule], nocase: bool = False):
         self.rules = rules
         self.budget = MatchBudget(rules)
         self.budgets: dict[int, MatchBudget] = {}  # per input (its index): the budget of its lines
+        # nocase: for an input pasted lower-cased (reader.is_lowered), every literal and every pattern of
+        # the rules is matched ignoring case; the Recaser gives back what the fact extractors need
+        self.nocase = nocase
+        self.lowered: set[int] = set()  # indexes of the lower-cased inputs (shared by both matchers)
         targets: dict[tuple[str, bool], set] = {}
+
+        def key(text: str, ci: bool) -> tuple[str, bool]:
+            ci = ci or nocase
+            return (text.lower() if ci else text, ci)
+
         for i, rule in enumerate(rules):
             for text, ci in rule.literals:
-                targets.setdefault((text.lower() if ci else text, ci), set()).add(("p", i, 0))
+                targets.setdefault(key(text, ci), set()).add(("p", i, 0))
             for j, lits in enumerate(rule.require_literals):
                 for text, ci in lits:
-                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("r", i, j))
+                    targets.setdefault(key(text, ci), set()).add(("r", i, j))
             for j, lits in enumerate(rule.exclude_literals):
                 for text, ci in lits:
-                    targets.setdefault((text.lower() if ci else text, ci), set()).add(("x", i, j))
+                    targets.setdefault(key(text, ci), set()).add(("x", i, j))
         # Each literal keeps its own targets: `hits` tests every literal, so a line that holds K
         # finds the literals inside K by themselves (a digit-free J inside K is in the digit-blind
         # line wherever K is in the line). No containment closure is needed (it was ~20 ms a start).
@@ -314,7 +323,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     Lines still pending for a rule at the end (DEFER_LINES) are searched when `resolve(rule,
     state)` says the rule can still fire (all of them when `resolve` is None); the others are
     dropped: such a rule has no match and cannot fire anyway."""
-    matcher = Matcher(rules)
+    plain = matcher = Matcher(rules)
+    nocase: Optional[Matcher] = None  # built on the first lower-cased input
     states = [_RuleState(required=[False] * len(r.require_all), pending=[] if r.patterns else None) for r in rules]
     # raw line -> its quote if it looks like an error (else ""), for lines that changed nothing: no
     # fact, no rule match (and a rule only ever needs fewer lines later, so a repeat cannot match)
@@ -334,6 +344,19 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             # starts at each, so line numbers add the joins before a line
             done += len(block)
             if not sample:
+                # the first block: it told whether the input was pasted lower-cased
+                chosen = plain
+                if item.lowered:
+                    if nocase is None:
+                        nocase = Matcher(rules, nocase=True)
+                        nocase.budgets, nocase.lowered = plain.budgets, plain.lowered
+                    plain.lowered.add(item.index)
+                    chosen = nocase
+                if chosen is not matcher:
+                    matcher = chosen
+                    matcher.budget = matcher.budgets[item.index] = MatchBudget(rules)
+                    matcher.line_cache.clear()
+                    matcher.refresh(states, b"")
                 # anchors that are rare in this input, outside the metric dicts (cut out below)
                 sample = PY_METRIC_DICT_RE.sub(b"", block[: 1 << 20])
                 matcher.prefilter.plan(sample)
@@ -560,8 +583,9 @@ def _pattern_gates(rule: Rule) -> list:
     return gates
 
 
-def _pattern_search(i: int, rule: Rule, line: reader.Line, budget: MatchBudget):
-    """The first match of the rule's patterns in the line, or None (also when the budget skips it)."""
+def _pattern_search(i: int, rule: Rule, line: reader.Line, budget: MatchBudget, lowered: bool = False):
+    """The first match of the rule's patterns in the line, or None (also when the budget skips it).
+    `lowered`: the line comes from a lower-cased paste; every literal and pattern ignores case."""
     if i in budget.skipped:
         return None
     text = line.text
@@ -570,14 +594,19 @@ def _pattern_search(i: int, rule: Rule, line: reader.Line, budget: MatchBudget):
     for k, gate in enumerate(_pattern_gates(rule)):
         if gate is not None:
             case, nocase = gate
-            if not any(lit in text for lit in case):
+            if lowered:
+                if low is None:
+                    low = text.lower()
+                if not any(lit.lower() in low for lit in case) and not any(lit in low for lit in nocase):
+                    continue
+            elif not any(lit in text for lit in case):
                 if not nocase:
                     continue
                 if low is None:
                     low = text.lower()
                 if not any(lit in low for lit in nocase):
                     continue
-        m = budget.search(i, compiled[k], text, line)
+        m = budget.search(i, _ignoring_case(compiled[k]) if lowered else compiled[k], text, line)
         if m:
             return m
     return None
@@ -591,9 +620,24 @@ def _flush_pending(i: int, matcher: "Matcher", rules: list[Rule], states: list[_
     for line in pending:
         if len(state.matches) >= MAX_MATCH_EVIDENCE:
             break
-        m = _pattern_search(i, rules[i], line, matcher.budgets.get(line.input_index, matcher.budget))
+        m = _pattern_search(i, rules[i], line, matcher.budgets.get(line.input_index, matcher.budget),
+                            line.input_index in matcher.lowered)
         if m is not None:
             state.matches.append((line, m))
+
+
+_NOCASE: dict[tuple, Any] = {}
+
+
+def _ignoring_case(compiled):
+    """The same regex ignoring case (for a lower-cased paste), compiled once per pattern."""
+    key = (compiled.pattern, compiled.flags)
+    found = _NOCASE.get(key)
+    if found is None:
+        import regex
+
+        found = _NOCASE[key] = regex.compile(compiled.pattern, compiled.flags | regex.IGNORECASE)
+    return found
 
 
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
@@ -624,12 +668,16 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                 if state.pending is not None:
                     results.append(("d", i, j, None))  # searched later (DEFER_LINES)
                     continue
-                results.append((kind, i, j, _pattern_search(i, rule, line, budget)))
+                results.append((kind, i, j, _pattern_search(i, rule, line, budget, matcher.nocase)))
             elif kind == "r":
                 if not state.required[j]:
-                    results.append((kind, i, j, budget.search(i, rule.compiled_require[j], text, line)))
+                    pattern = rule.compiled_require[j]
+                    results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
+                                                              text, line)))
             elif not state.excluded:
-                results.append((kind, i, j, budget.search(i, rule.compiled_exclude[j], text, line)))
+                pattern = rule.compiled_exclude[j]
+                results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
+                                                          text, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()
@@ -645,7 +693,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                     matched = True  # it may match: its repeats must not be skipped as inert
                     continue
                 _flush_pending(i, matcher, rules, states)
-            m = _pattern_search(i, rules[i], line, matcher.budget)
+            m = _pattern_search(i, rules[i], line, matcher.budget, matcher.nocase)
             if m is not None and len(state.matches) < MAX_MATCH_EVIDENCE:
                 state.matches.append((line, m))
                 matched = True
@@ -965,7 +1013,7 @@ def add_differential(findings: list[Finding], values: dict[str, Any], tail: list
     if verdict is None:
         if values.get("metrics.train_finished"):
             return findings  # the run trained to the end: its error-looking lines did not stop it
-        alts = differential.guess(tail, titles)
+        alts = differential.guess(tail, titles, values)
         if not alts:
             return findings
         verdict = alts[0][0]

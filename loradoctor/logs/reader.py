@@ -394,11 +394,16 @@ def _literal_runs(pattern: str) -> list[str]:
 
 # written whole into the vocabulary: the frame and header words the traceback reader needs, the
 # exception names and units a lower-cased message lost
-CASED_WORDS = ('File "', "Traceback (most recent call last):", "During handling of the above exception",
+CASED_WORDS = ('File "', "Traceback (most recent call last):", "Traceback (most recent call last)",
+               "During handling of the above exception",
                "The above exception was the direct cause", "OutOfMemoryError", "RuntimeError", "ValueError",
                "ImportError", "ModuleNotFoundError", "KeyError", "TypeError", "AttributeError", "OSError",
                "AssertionError", "IndexError", "NotImplementedError", "ChildFailedError", "DistBackendError",
-               "GiB", "MiB", "KiB", "TiB")
+               "AcceleratorError", "GiB", "MiB", "KiB", "TiB",
+               # torch's OOM message names the device kind (the extractor's alternation teaches no phrase)
+               "HIP out of memory", "XPU out of memory", "MPS out of memory",
+               # notebook Trainer table heads (tab- or pipe-separated)
+               "Step\tTraining Loss", "Epoch\tTraining Loss", "Step | Training Loss", "Epoch | Training Loss")
 # single words taken on their own (outside a phrase) only when unambiguous and of these kinds: exception
 # names, size units, acronyms; other words (`Trainer`, `Free`) would turn paths and prose upper-case
 _CASED_WORD_RE = lazy_re(r"[A-Z]\w*(?:Error|Exception|Warning|Interrupt)|[KMGT]iB|[A-Z][A-Z0-9]{2,}")
@@ -452,7 +457,20 @@ class Recaser:
             digits = iter(_DIGIT_RUN_RE.findall(text))
             return _DIGIT_RUN_RE.sub(lambda _: next(digits, b"0"), template)
 
-        return self._regex.sub(cased, block)
+        block = self._regex.sub(cased, block)
+        for fix, repl in _RECASE_FIXES:
+            if fix.search(block) is not None:
+                block = fix.sub(repl, block)
+        return block
+
+
+# shapes the vocabulary cannot give back (each keeps the length): IPython 8 frames (`file /usr/...:921, in
+# loramodel.merge(...)`, `cell in[18], line 4`) and a unit glued to its number (`gpu_mem=38.22gib`)
+_RECASE_FIXES = (
+    (re.compile(rb"(?m)^([ \t>|:\d]*)file (?=[^\s,]+:\d+, in )"), rb"\1File "),
+    (re.compile(rb"\bcell in\[(?=\d+\], line \d+)"), b"Cell In["),
+    (re.compile(rb"(?<=\d)([kmgt])ib\b"), lambda m: m.group(1).upper() + b"iB"),
+)
 
 
 def _trie_regex(keys: list[bytes]) -> str:
@@ -836,11 +854,12 @@ def truncate(text: str, focus: int = 0, limit: int = MAX_LINE_CHARS) -> str:
 
 
 _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts) of a pasted log
-# a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`)
+# a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`, an
+# nvidia-smi table row `  18  |   3  NVIDIA A100 ... |`)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:

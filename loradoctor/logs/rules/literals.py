@@ -109,10 +109,20 @@ def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
     return required(list(parsed), global_ci)
 
 
+def _rendered_literal(lit: str) -> str:
+    """An explicit prefilter literal as a Markdown-rendered paste still holds it: the pattern makes its
+    backquotes and the `__` of `__init__` optional (paste_tolerant), so the literal is the longest piece
+    between them (``offload_dir` to dispatch`` -> `` to dispatch``)."""
+    if "`" not in lit and "__" not in lit:
+        return lit
+    return max(re.split(r"`|__", lit), key=len)
+
+
 def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> tuple[list, list[str]]:
     """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
     matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
     if explicit:
+        explicit = [_rendered_literal(lit) for lit in explicit]
         weak = [lit for lit in explicit if not _informative_literal(lit)]
         problems = [f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric "
                     f"line holds; give words every match contains" for lit in weak]
