@@ -160,6 +160,10 @@ GUESSING_NEGATIVES = {
     # a non-finite gradient norm in a bf16 run: no rule claims the clip error without fp16, and the
     # `Mixed precision type: bf16` line is no error line the guess sees
     "nonfinite-gradients-error/neg-bf16-clip-error.log",
+    # Transformer Engine on an Ada card with a cu118 torch: `Cuda version 12.1 or higher required for FP8
+    # execution on Ada` is a version requirement (the guess says version conflict, labelled 0.2), not the
+    # card's missing FP8 support that env-fp8-unsupported claims
+    "env-fp8-unsupported/neg-ada-cuda-too-old.log",
 }
 
 
