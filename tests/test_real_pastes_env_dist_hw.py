@@ -1,0 +1,29 @@
+"""QA round 4 of issue 10 (fixtures/pastes/round-env-dist-hw/expect.yaml): env / dist / hw / cuda pastes in the
+shapes of public reports; each names its cause first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loradoctor.logs import engine
+
+from conftest import describe  # noqa: E402
+
+ROUND = Path(__file__).resolve().parent.parent / "fixtures" / "pastes" / "round-env-dist-hw"
+EXPECT = yaml.safe_load((ROUND / "expect.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_a_round4_paste_names_its_cause_first(name):
+    cause = EXPECT[name]["cause"]
+    report = engine.explain([str(ROUND / name)])
+    assert report.findings and report.findings[0].cause == cause, f"{name}: want {cause}\n{describe(report)}"
+
+
+def test_every_round4_paste_has_an_expectation_and_a_source():
+    logs = {p.name for p in ROUND.iterdir() if p.suffix == ".log"}
+    assert logs == set(EXPECT)
+    assert all(str(v.get("source", "")).startswith("https://") for v in EXPECT.values())
