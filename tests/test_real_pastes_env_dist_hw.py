@@ -27,3 +27,13 @@ def test_every_round4_paste_has_an_expectation_and_a_source():
     logs = {p.name for p in ROUND.iterdir() if p.suffix == ".log"}
     assert logs == set(EXPECT)
     assert all(str(v.get("source", "")).startswith("https://") for v in EXPECT.values())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_a_round4_paste_lower_cased_still_names_its_cause_first(name, tmp_path):
+    # an issue title or a search snippet lower-cases the whole paste; the cause must not change
+    cause = EXPECT[name]["cause"]
+    low = tmp_path / name
+    low.write_text((ROUND / name).read_text(encoding="utf-8").lower(), encoding="utf-8")
+    report = engine.explain([str(low)])
+    assert report.findings and report.findings[0].cause == cause, f"{name} (lower-cased): want {cause}\n{describe(report)}"
