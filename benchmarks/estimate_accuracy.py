@@ -2,12 +2,12 @@
 
     python benchmarks/estimate_accuracy.py [TRUTH.yaml ...] [--json] [--no-speed]
 
-Without a TRUTH file it reads both sets: ../shared/estimate/dev_truth.yaml and benchmarks/data/public_truth.yaml.
+Without a TRUTH file it reads both sets: benchmarks/data/dev_truth.yaml and benchmarks/data/public_truth.yaml.
 Errors are reported per framework group (hf, unsloth, axolotl+cce, litgpt, torchtune, and cce-kernel for loss
 kernels measured alone). LORADOCTOR_BENCH_ROOT=/path/to/another/checkout evaluates that checkout's model on the
 same points (inputs it does not know are dropped: how that version would describe the run).
 
-TRUTH defaults to ../shared/estimate/dev_truth.yaml (beside the checkout) (litgpt and torchtune tables). For each point the
+TRUTH defaults to benchmarks/data/dev_truth.yaml (litgpt and torchtune tables). For each point the
 configuration described in the file (framework, precision, optimizer, quantization, LoRA targets,
 checkpointing, compile / chunked loss / offloading extras) becomes an EstimateInputs; the prediction
 of the point's own metric (max allocated, reserved, or device in use; 'active' is read as allocated;
@@ -43,10 +43,8 @@ from loradoctor.estimate.arch import Arch, find_preset, arch_from_preset  # noqa
 from loradoctor.estimate.fit import find_gpu, gpu_table  # noqa: E402
 from loradoctor.estimate.memory import EstimateInputs, estimate  # noqa: E402
 
-# shared/ lies beside the checkout (../shared), as laid out for developers and CI (a worktree: /work/shared).
-DEFAULT_TRUTH = next((p for p in (HERE.parent / "shared" / "estimate" / "dev_truth.yaml",
-                                  HERE.parent.parent / "shared" / "estimate" / "dev_truth.yaml") if p.is_file()),
-                     HERE.parent / "shared" / "estimate" / "dev_truth.yaml")
+# the team's development set, vendored from shared/estimate/dev_truth.yaml (the repository cites no file outside itself)
+DEFAULT_TRUTH = HERE / "benchmarks" / "data" / "dev_truth.yaml"
 PUBLIC_TRUTH = HERE / "benchmarks" / "data" / "public_truth.yaml"
 
 

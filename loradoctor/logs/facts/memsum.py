@@ -30,7 +30,7 @@ _MEMSUM_COUNTERS_RE = lazy_re(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*
 
 
 def parse_memory_summary(lines: Iterable[str]) -> Optional[MemorySummary]:
-    """Numbers of one `torch.cuda.memory_summary()` table (shared/reference/pytorch.md §2);
+    """Numbers of one `torch.cuda.memory_summary()` table (docs/reference/pytorch.md §2);
     None when the lines hold no such table."""
     summary = MemorySummary()
     seen = False

@@ -84,7 +84,7 @@ def _mps_size(text: Optional[str]) -> Optional[int]:
 
 
 def parse_oom_message(text: str) -> Optional[OomMessage]:
-    """Parse a PyTorch out-of-memory message of any generation (shared/reference/pytorch.md §1):
+    """Parse a PyTorch out-of-memory message of any generation (docs/reference/pytorch.md §1):
     G1/G2 `(GPU 0; T total capacity; A already allocated; F free; R reserved in total by PyTorch)`,
     G3 `total capacty` (2.1 typo), G4 `expandable_segments` hint, G5 docs.pytorch.org URL, ROCm's
     `HIP out of memory` (same numbers), the device-generic `Out of memory. Tried to allocate`, Apple's

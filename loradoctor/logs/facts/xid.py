@@ -31,7 +31,7 @@ _BUS_TAIL_RE = lazy_re(r"NVRM:.*\bfallen off the bus")
 
 def parse_xid(text: str) -> Optional[XidEvent]:
     """`NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.`
-    and the older / MIG / pid-only shapes (shared/reference/nvidia.md §1.1), plus `GPU ... has
+    and the older / MIG / pid-only shapes (docs/reference/nvidia.md §1.1), plus `GPU ... has
     fallen off the bus` lines without an Xid. None for other text."""
     m = _XID_RE.search(text)
     if m and _bounded_int(m.group(2), MAX_ID) is not None:
