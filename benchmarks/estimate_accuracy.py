@@ -43,7 +43,7 @@ from loradoctor.estimate.arch import Arch, find_preset, arch_from_preset  # noqa
 from loradoctor.estimate.fit import find_gpu, gpu_table  # noqa: E402
 from loradoctor.estimate.memory import EstimateInputs, estimate  # noqa: E402
 
-# the team's development set, vendored from shared/estimate/dev_truth.yaml (the repository cites no file outside itself)
+# the team's development set, vendored from the team's shared folder (the repository cites no file outside itself)
 DEFAULT_TRUTH = HERE / "benchmarks" / "data" / "dev_truth.yaml"
 PUBLIC_TRUTH = HERE / "benchmarks" / "data" / "public_truth.yaml"
 
