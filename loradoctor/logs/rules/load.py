@@ -206,7 +206,7 @@ class _ParsedOnUse(Condition):
 def _rules_from_data(data: object) -> "list[Rule] | None":
     """Rules from _rule_data's output; None when the data is not that (damaged, another version)."""
     from loradoctor.findings import Fix
-    from loradoctor.logs.rules.model import LazyRegexes, compile_fix_conditions
+    from loradoctor.logs.rules.model import LazyRegexes
 
     if not isinstance(data, list):
         return None
@@ -229,7 +229,7 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.compiled_require = LazyRegexes(rule.require_all)
             rule.compiled_exclude = LazyRegexes(rule.exclude)
             rule.condition = _ParsedOnUse(rule.when) if rule.when else None
-            compile_fix_conditions(rule)
+            # fix conditions were checked when the entry was written; parsed on first use (fixes_for)
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
             rule.exclude_literals = [_literal_list(x) for x in d["exclude_literals"]]

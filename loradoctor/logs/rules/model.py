@@ -65,6 +65,10 @@ class Rule:
 
     def fixes_for(self, facts) -> list[Fix]:
         """The fixes whose `when:` holds and whose `unless:` does not (a fix already applied is dropped)."""
+        if not (any(self.fix_when) or any(self.fix_unless)):
+            return list(self.fixes)
+        if len(self.fix_conditions) != len(self.fixes):
+            compile_fix_conditions(self)  # a cached rule parses its fix conditions on first use
         if not any(w or u for w, u in self.fix_conditions):
             return list(self.fixes)
         return [fix for fix, (when, unless) in zip(self.fixes, self.fix_conditions)
