@@ -34,10 +34,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # notebook loss tables are read from raw blocks (facts/metrics.py), before line prefixes are peeled
     ("loss-flat-at-chance/pos-notebook-epoch-table-ln2.log", "quoted"): "loss.flat -> None: a notebook loss table behind '> '",
     ("nan-loss-bf16-sudden/pos-unsloth-bf16-table-nan.log", "quoted"): "nan.divergence -> None: a notebook loss table behind '> '",
-    # the rich shape crops long function names at the box edge (`from_pretraine`), so the load frame is lost
-    ("oom-model-load/pos-mps-from-pretrained.log", "rich"): "oom.model_load -> oom.capacity: function name cropped at the box edge",
-    ("oom-model-load-frames/pos-raw-cuda-error-set-module-tensor.log", "rich"):
-        "oom.model_load -> oom.non_pytorch: function name cropped at the box edge",
 }
 
 
