@@ -31,9 +31,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "env.bnb_broken -> None: a single wrapped line is not detected as a wrap",
     ("env-extension-build-failed/pos-fused-adam-so-missing-short.log", "wrap80"):
         "env.extension_build -> env.version_conflict: a single wrapped line is not detected as a wrap",
-    # notebook loss tables are read from raw blocks (facts/metrics.py), before line prefixes are peeled
-    ("loss-flat-at-chance/pos-notebook-epoch-table-ln2.log", "quoted"): "loss.flat -> None: a notebook loss table behind '> '",
-    ("nan-loss-bf16-sudden/pos-unsloth-bf16-table-nan.log", "quoted"): "nan.divergence -> None: a notebook loss table behind '> '",
 }
 
 

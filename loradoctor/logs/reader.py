@@ -862,6 +862,28 @@ _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
 _PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
+# a line number before a notebook table row, once its header showed the paste is numbered (`  13  50  0.69`)
+_LINE_NUMBER_RE = lazy_re(r"^[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )")
+
+
+def peel_table_line(raw: str, numbered: Optional[bool] = None) -> tuple[str, bool]:
+    """A raw line of a notebook table behind the prefixes normalise() peels (ANSI colours, markdown quote
+    markers and `>>> ` prompts, line numbers, rank / source / timestamp prefixes), without its bars or box
+    characters: (text, whether a line number was peeled). A header (`numbered` None) loses a line number
+    as normalise() peels it; a row starts with a number of its own (and `20  -  1.1` looks like a numbered
+    line), so its first number is peeled only when `numbered` is True (its header's was)."""
+    if "\x1b" in raw:
+        raw = _ANSI_RE.sub("", raw)
+    if raw[:1] == ">":
+        raw = _QUOTE_RE.sub("", raw, count=1)
+    had_number = False
+    if numbered is not False and raw[:1] in _PASTE_PREFIX_STARTS:
+        m = (_PASTE_PREFIX_RE if numbered is None else _LINE_NUMBER_RE).match(raw)
+        if m and m.end():
+            raw, had_number = raw[m.end():], not raw.startswith("In [")
+    return strip_prefixes(raw.rstrip())[0], had_number
+
+
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:
     """Raw decoded line -> (text for rules, original trimmed, rank, timestamp, time_s)."""
     if "\x1b" in raw:
