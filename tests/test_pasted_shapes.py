@@ -27,8 +27,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     # hard wrap from long lines (reader.detect_wrap_width), so the message stays cut in two
     ("dist-nccl-watchdog-timeout/pos-last-line-avoid-data-inconsistency.log", "wrap80"):
         "dist.nccl_timeout -> None: a single wrapped line is not detected as a wrap",
-    ("env-bnb-broken/pos-named-symbol-ops-cu.log", "wrap80"):
-        "env.bnb_broken -> None: a single wrapped line is not detected as a wrap",
     ("env-extension-build-failed/pos-fused-adam-so-missing-short.log", "wrap80"):
         "env.extension_build -> env.version_conflict: a single wrapped line is not detected as a wrap",
 }

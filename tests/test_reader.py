@@ -317,6 +317,22 @@ def test_same_width_lines_that_are_not_a_wrap(text):
     assert detect_wrap_width(text.encode()) is None
 
 
+def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
+    """Text glued after a tqdm bar (no newline between them) that reaches the width is wrapped like any line;
+    a bar alone padded to the width, or a bar line that ends at a table edge, is not joined."""
+    from loradoctor.logs.reader import join_wrapped
+
+    glued = "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Error named symb"
+    assert len(glued) == 80
+    joined, joins, tail = join_wrapped((glued + "\nol not found at line 117\n").encode(), 80)
+    assert joined == (glued + "ol not found at line 117\n").encode() and joins == [80] and tail == b""
+    alone = "Loading checkpoint shards:  50%|█████     | 1/2 [00:21<00:21, 10.77s/it]".ljust(80)
+    boxed = ("Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s] | x" + " " * 80)[:79] + "|"
+    for line in (alone, boxed):
+        assert len(line) == 80
+        assert join_wrapped((line + "\nnext line\n").encode(), 80)[1] == []
+
+
 def test_typographic_quotes_are_straightened(tmp_path):
     from loradoctor.logs.engine import explain
     from loradoctor.logs.reader import straighten_quotes

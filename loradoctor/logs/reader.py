@@ -561,6 +561,17 @@ def _wrappable(line: str) -> bool:
         and stripped[-1] not in _TABLE_EDGES and stripped[0] not in _TABLE_EDGES
 
 
+def _glued_after_bar(line: str) -> bool:
+    """A tqdm bar with text glued after it (`... 0/2 [00:00<?, ?it/s]Error named symb`) that reaches the
+    width: tqdm pads the bar, not what a later print glues after it, so the line is a wrap like any other
+    (a bar alone, or a table row, stays unjoined)."""
+    if "\r" in line or "%|" not in line:
+        return False
+    m = _BAR_RE.match(line)
+    rest = line[m.end():].strip() if m else ""
+    return bool(rest) and rest[-1] not in _TABLE_EDGES
+
+
 def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
@@ -572,7 +583,7 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, l
     at = 0
     for i, line in enumerate(lines):
         text = line.decode("utf-8", "replace") if len(line) >= width else ""
-        full = len(text) == width and _wrappable(text)
+        full = len(text) == width and (_wrappable(text) or _glued_after_bar(text))
         if full and i == len(lines) - 1:
             tail = line + b"\n" + tail  # it continues in the next block
             break
