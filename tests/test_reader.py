@@ -333,6 +333,43 @@ def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
         assert join_wrapped((line + "\nnext line\n").encode(), 80)[1] == []
 
 
+NCCL_CUT = ("[rank2]:[E0611 02:40:11.771091857 ProcessGroupNCCL.cpp:627] [Rank 2] To avoid da",
+            "ta inconsistency, we are taking the entire process down.")
+
+
+def test_a_single_wrapped_line_through_a_rule_message_is_a_wrap(tmp_path):
+    """One full-width line is too few to count as a wrap, unless a rule's pattern matches it joined with the
+    next line across the cut (and neither alone): then the paste is rejoined, line numbers physical."""
+    from loradoctor.logs.engine import explain
+
+    assert len(NCCL_CUT[0]) == 80
+    log = tmp_path / "short.log"
+    log.write_text("{'loss': 0.9127, 'grad_norm': 0.38, 'learning_rate': 0.000142, 'epoch': 0.77}\n"
+                   + "\n".join(NCCL_CUT) + "\n")
+    report = explain([str(log)])
+    assert report.inputs[0]["wrap_width"] == 80
+    assert report.findings[0].cause == "dist.nccl_timeout" and report.findings[0].evidence[0].line == 2
+
+
+@pytest.mark.parametrize("pair", [
+    # the message is whole on the second line: joining adds nothing a rule looks for
+    ("x" * 80, "[Rank 2] To avoid data inconsistency, we are taking the entire process down."),
+    # a cut next to a space is no cut through a word
+    (NCCL_CUT[0][:79] + " ", NCCL_CUT[1]),
+    ("a" * 80, " " + NCCL_CUT[1]),
+])
+def test_a_single_full_width_line_is_no_wrap_without_a_message_cut_in_two(pair):
+    from loradoctor.logs.engine import Matcher
+    from loradoctor.logs.reader import detect_wrap_width
+    from loradoctor.logs.rules import load_rules
+
+    assert len(pair[0]) == 80
+    matcher = Matcher(load_rules())
+    assert detect_wrap_width(("short line\n" + "\n".join(pair) + "\n").encode(), matcher.crosses) is None
+    assert detect_wrap_width(("short line\n" + "\n".join(NCCL_CUT) + "\n").encode(), matcher.crosses) == 80
+    assert detect_wrap_width(("short line\n" + "\n".join(NCCL_CUT) + "\n").encode()) is None  # no engine: no rules
+
+
 def test_typographic_quotes_are_straightened(tmp_path):
     from loradoctor.logs.engine import explain
     from loradoctor.logs.reader import straighten_quotes

@@ -514,9 +514,12 @@ WRAP_MIN_SHARE = 0.15  # of the lines at least 40 columns wide
 CONSOLE_WIDTHS = frozenset((80, 100, 120, 132, 140, 150, 160, 180, 200, 220, 240, 250))
 
 
-def detect_wrap_width(sample: bytes) -> Optional[int]:
+def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> Optional[int]:
     """The column width a sample was hard-wrapped at, or None. Widths count characters; progress
-    bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count."""
+    bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count.
+    `crosses(line, next_line)` (the engine's: a rule's pattern matches the two joined across the cut, and
+    neither alone) lets a single cut full-width line at a console width, too few to tell a wrap by their
+    number, count as a wrap (`... To avoid da` + `ta inconsistency, we are taking the entire process down`)."""
     lines = sample.decode("utf-8", "replace").split("\n")
     if not sample.endswith(b"\n"):
         lines.pop()  # a cut last line says nothing
@@ -531,7 +534,7 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
     # warning repeated every step) are followed by more of the same, or by an indented line.
     # Counted once per distinct text: a long warning printed every step is one line, however often.
     full_lines: set[str] = set()
-    cut_lines: set[str] = set()
+    cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
         if len(line) != width or not _wrappable(line):
             continue
@@ -539,12 +542,17 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if nxt and not nxt[:1].isspace() and \
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
-            cut_lines.add(line)
+            cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
     wide = sum(1 for line in counted if len(line) >= 40)
     needed = 2 if width in CONSOLE_WIDTHS else WRAP_MIN_FULL_LINES
     if cut >= needed and cut >= full / 2 and full >= WRAP_MIN_SHARE * wide:
         return width
+    if crosses is not None and width in CONSOLE_WIDTHS and 0 < cut < needed and cut >= full / 2 \
+            and full >= WRAP_MIN_SHARE * wide:
+        # too few full-width lines to count: a cut through the middle of a rule's message tells
+        if any(not line[-1:].isspace() and crosses(line, nxt) for line, nxt in cut_lines.items()):
+            return width
     return None
 
 
@@ -608,12 +616,13 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
 
 def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
                            first_block_bytes: Optional[int] = None,
-                           recaser: Optional[Callable[[], Recaser]] = None) -> Iterator[tuple[bytes, list[int]]]:
+                           recaser: Optional[Callable[[], Recaser]] = None,
+                           crosses: Optional[Callable[[str, str], bool]] = None) -> Iterator[tuple[bytes, list[int]]]:
     """iter_blocks, with each block the offsets where a hard wrap was joined (empty for most inputs):
     the physical line of offset x is (newlines before x) + (joins before x) + 1, counted from the block's
     first physical line. `first_block_bytes` makes the first read smaller (the engine learns from it
     which rules are already satisfied before reading big blocks). `recaser` (built only when needed)
-    gives a lower-cased input the case of the rules' vocabulary."""
+    gives a lower-cased input the case of the rules' vocabulary; `crosses` goes to detect_wrap_width."""
     width: Optional[int] = None
     carry = b""
     first = True
@@ -622,7 +631,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         block = straighten_quotes(unescape_html(block))
         if first:
             first = False
-            width = detect_wrap_width(block[:1 << 20])
+            width = detect_wrap_width(block[:1 << 20], crosses)
             item.wrap_width = width
             if recaser is not None and is_lowered(block[:1 << 20]):
                 item.lowered = True
