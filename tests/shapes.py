@@ -137,13 +137,35 @@ def _ipython8(frames: list, exc: str) -> list[str]:
     return out
 
 
+def _rich_wrap(text: str, width: int) -> list[str]:
+    """How rich lays a frame's header out in the box: word-wrapped at spaces, a word wider than the box
+    folded (checked against rich 15.0: `/long/path/modeling_utils.py:2 in` then the function name on the
+    next line; rich never crops a frame's name mid-word)."""
+    out: list[str] = []
+    cur = ""
+    for word in text.split(" "):
+        if cur and len(cur) + 1 + len(word) <= width:
+            cur += " " + word
+            continue
+        if cur or out:
+            out.append(cur)
+        while len(word) > width:
+            out.append(word[:width])
+            word = word[width:]
+        cur = word
+    out.append(cur)
+    return out
+
+
 def _rich(frames: list, exc: str) -> list[str]:
     """rich.traceback (accelerate, typer, Lightning): boxed frames, `❱ 1885 │ source`."""
     width = 98
     out = ["╭" + " Traceback (most recent call last) ".center(width, "─") + "╮"]
     for path, line, func, source in frames:
-        for inner in (f"{path}:{line} in {func}", "", f"❱ {line} │   {source}", ""):
-            out.append("│ " + inner[: width - 2].ljust(width - 2) + " │")
+        # the frame's header is word-wrapped; source lines are cropped (rich's Syntax, word_wrap=False)
+        header = _rich_wrap(f"{path}:{line} in {func}", width - 2)
+        for inner in (*header, "", f"❱ {line} │   {source}"[: width - 2], ""):
+            out.append("│ " + inner.ljust(width - 2) + " │")
     out.append("╰" + "─" * width + "╯")
     out.append(exc)
     return out

@@ -287,3 +287,49 @@ def test_trailing_nan_count(losses, trailing):
             v = {}
             agg.publish(v)
             assert v.get("metrics.trailing_nan_count") == trailing
+
+
+NOTEBOOK_TABLE = ["Step\tTraining Loss\tValidation Loss", "10\t1.250000\tNo log", "20\t-\t1.100000", "30\tnan\tnan"]
+TABLE_PREFIXES = {
+    "none": lambda i, x: x,
+    "quoted": lambda i, x: "> " + x,
+    "quoted twice": lambda i, x: "> > " + x,
+    "prompt": lambda i, x: ">>> " + x,
+    "line numbers": lambda i, x: f"{i:>4}  " + x,
+    "compose": lambda i, x: "trainer-1  | " + x,
+    "kubelet": lambda i, x: f"2024-05-01T10:00:0{i}.123Z stdout F " + x,
+    "rank": lambda i, x: "[rank0]: " + x,
+}
+
+
+@pytest.mark.parametrize("prefix", list(TABLE_PREFIXES))
+def test_a_notebook_table_behind_a_line_prefix(tmp_path, prefix):
+    """A notebook Trainer table pasted behind a prefix the reader peels (quote markers, prompts, line
+    numbers, compose / kubelet / rank prefixes) gives the same rows as without it; the `-` cell of a row
+    is no line number to peel."""
+    add = TABLE_PREFIXES[prefix]
+    lines = ["some output"] + [add(i, x) for i, x in enumerate(NOTEBOOK_TABLE, 2)] + ["after the table"]
+    report = explain_text(tmp_path, "\n".join(lines) + "\n")
+    assert report.facts.get("metrics.steps") == 2, report.facts  # the `-` row holds no training loss
+    assert report.facts["metrics.first_loss"] == pytest.approx(1.25)
+    assert report.facts["metrics.loss_nan_count"] == 1
+
+
+def test_a_prefixed_table_row_is_no_table_without_its_header(tmp_path):
+    """Rows behind `> ` with no header above them are no table (only a header opens one)."""
+    report = explain_text(tmp_path, "> 10\t1.25\tNo log\n> 20\t1.10\t1.0\n")
+    assert not report.facts.get("metrics.steps")
+
+
+@pytest.mark.parametrize("block", [
+    b"> Step\tTraining Loss\n> 1\t0.5\n" * 5000,  # many prefixed headers: each line read once
+    b"> " + b"Step Training Loss " * 20000 + b"\n",  # many headers on one line
+    b"> a" + b"-1" * 100000 + b" Training Loss\n",  # a long prefix-like word before the header
+])
+def test_prefixed_table_headers_are_linear(block):
+    """Finding prefixed headers and peeling their rows reads each line once: well under a second."""
+    import time
+
+    started = time.process_time()
+    FactCollector().feed_table_block(block, lambda raw, n: None)
+    assert time.process_time() - started < 0.5

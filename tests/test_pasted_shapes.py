@@ -18,27 +18,11 @@ from shapes import SHAPES  # noqa: E402
 LOGS = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 FIXTURES = sorted(p for p in LOGS.glob("*/pos-*") if p.suffix not in (".gz", ".bz2", ".xz"))
 NAMES = list(SHAPES)
-# (fixture folder/name, shape) pairs whose first cause is known to change today (measured 2026-12-01 after
-# merging the branches of the session: 7 of ~690), xfailed strictly so that a fix shows; see docs/explain.md
-# "Pasted shapes" for what is left. The rotation is a hash of each fixture's name: adding fixtures moves no
-# other fixture to another shape.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    # one long line wrapped at 80 columns in a short paste: one or two full-width lines are too few to tell a
-    # hard wrap from long lines (reader.detect_wrap_width), so the message stays cut in two
-    ("dist-nccl-watchdog-timeout/pos-last-line-avoid-data-inconsistency.log", "wrap80"):
-        "dist.nccl_timeout -> None: a single wrapped line is not detected as a wrap",
-    ("env-bnb-broken/pos-named-symbol-ops-cu.log", "wrap80"):
-        "env.bnb_broken -> None: a single wrapped line is not detected as a wrap",
-    ("env-extension-build-failed/pos-fused-adam-so-missing-short.log", "wrap80"):
-        "env.extension_build -> env.version_conflict: a single wrapped line is not detected as a wrap",
-    # notebook loss tables are read from raw blocks (facts/metrics.py), before line prefixes are peeled
-    ("loss-flat-at-chance/pos-notebook-epoch-table-ln2.log", "quoted"): "loss.flat -> None: a notebook loss table behind '> '",
-    ("nan-loss-bf16-sudden/pos-unsloth-bf16-table-nan.log", "quoted"): "nan.divergence -> None: a notebook loss table behind '> '",
-    # the rich shape crops long function names at the box edge (`from_pretraine`), so the load frame is lost
-    ("oom-model-load/pos-mps-from-pretrained.log", "rich"): "oom.model_load -> oom.capacity: function name cropped at the box edge",
-    ("oom-model-load-frames/pos-raw-cuda-error-set-module-tensor.log", "rich"):
-        "oom.model_load -> oom.non_pytorch: function name cropped at the box edge",
-}
+# (fixture folder/name, shape) pairs whose first cause is known to change, xfailed strictly so that a fix
+# shows (7 of ~690 on 2026-12-01 after the session's merges; none left after branch fixups: quoted tables,
+# rich headers, single wrapped lines); see docs/explain.md "Pasted shapes". The rotation is a hash of each
+# fixture's name: adding fixtures moves no other fixture to another shape.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _texts(path: Path) -> dict[str, str]:

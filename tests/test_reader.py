@@ -317,6 +317,59 @@ def test_same_width_lines_that_are_not_a_wrap(text):
     assert detect_wrap_width(text.encode()) is None
 
 
+def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
+    """Text glued after a tqdm bar (no newline between them) that reaches the width is wrapped like any line;
+    a bar alone padded to the width, or a bar line that ends at a table edge, is not joined."""
+    from loradoctor.logs.reader import join_wrapped
+
+    glued = "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Error named symb"
+    assert len(glued) == 80
+    joined, joins, tail = join_wrapped((glued + "\nol not found at line 117\n").encode(), 80)
+    assert joined == (glued + "ol not found at line 117\n").encode() and joins == [80] and tail == b""
+    alone = "Loading checkpoint shards:  50%|█████     | 1/2 [00:21<00:21, 10.77s/it]".ljust(80)
+    boxed = ("Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s] | x" + " " * 80)[:79] + "|"
+    for line in (alone, boxed):
+        assert len(line) == 80
+        assert join_wrapped((line + "\nnext line\n").encode(), 80)[1] == []
+
+
+NCCL_CUT = ("[rank2]:[E0611 02:40:11.771091857 ProcessGroupNCCL.cpp:627] [Rank 2] To avoid da",
+            "ta inconsistency, we are taking the entire process down.")
+
+
+def test_a_single_wrapped_line_through_a_rule_message_is_a_wrap(tmp_path):
+    """One full-width line is too few to count as a wrap, unless a rule's pattern matches it joined with the
+    next line across the cut (and neither alone): then the paste is rejoined, line numbers physical."""
+    from loradoctor.logs.engine import explain
+
+    assert len(NCCL_CUT[0]) == 80
+    log = tmp_path / "short.log"
+    log.write_text("{'loss': 0.9127, 'grad_norm': 0.38, 'learning_rate': 0.000142, 'epoch': 0.77}\n"
+                   + "\n".join(NCCL_CUT) + "\n")
+    report = explain([str(log)])
+    assert report.inputs[0]["wrap_width"] == 80
+    assert report.findings[0].cause == "dist.nccl_timeout" and report.findings[0].evidence[0].line == 2
+
+
+@pytest.mark.parametrize("pair", [
+    # the message is whole on the second line: joining adds nothing a rule looks for
+    ("x" * 80, "[Rank 2] To avoid data inconsistency, we are taking the entire process down."),
+    # a cut next to a space is no cut through a word
+    (NCCL_CUT[0][:79] + " ", NCCL_CUT[1]),
+    ("a" * 80, " " + NCCL_CUT[1]),
+])
+def test_a_single_full_width_line_is_no_wrap_without_a_message_cut_in_two(pair):
+    from loradoctor.logs.engine import Matcher
+    from loradoctor.logs.reader import detect_wrap_width
+    from loradoctor.logs.rules import load_rules
+
+    assert len(pair[0]) == 80
+    matcher = Matcher(load_rules())
+    assert detect_wrap_width(("short line\n" + "\n".join(pair) + "\n").encode(), matcher.crosses) is None
+    assert detect_wrap_width(("short line\n" + "\n".join(NCCL_CUT) + "\n").encode(), matcher.crosses) == 80
+    assert detect_wrap_width(("short line\n" + "\n".join(NCCL_CUT) + "\n").encode()) is None  # no engine: no rules
+
+
 def test_typographic_quotes_are_straightened(tmp_path):
     from loradoctor.logs.engine import explain
     from loradoctor.logs.reader import straighten_quotes

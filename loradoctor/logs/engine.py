@@ -188,6 +188,9 @@ class MatchBudget:
                           f"{spent:.1f} s on this input (budget {RULE_INPUT_BUDGET_S:.0f} s)")
 
 
+CROSS_CHARS = 2000  # of the line after a full-width one, for Matcher.crosses
+
+
 class Matcher:
     """Compiled literals of a rule set: the block prefilter and the per-line dispatch."""
 
@@ -268,6 +271,25 @@ class Matcher:
             self.active = keys
             self._replan = sample
 
+    def crosses(self, left: str, right: str) -> bool:
+        """True when a rule's pattern matches the lines `left` + `right` joined across the cut and neither
+        line alone, with no space on either side of the cut: a line hard-wrapped through a rule's message
+        (`... To avoid da` + `ta inconsistency, we are taking ...`). Asked by reader.detect_wrap_width
+        about the one or two full-width lines of a short paste; `right` is looked at up to CROSS_CHARS."""
+        if not left or not right or left[-1].isspace() or right[0].isspace():
+            return False
+        right = right[:CROSS_CHARS]
+        joined = left + right
+        for kind, i, _ in self.hits(joined):
+            if kind != "p":
+                continue
+            for pattern in self.rules[i].compiled_patterns:
+                m = pattern.search(joined)
+                if m and m.start() < len(left) < m.end() and not pattern.search(left) \
+                        and not pattern.search(right):
+                    return True
+        return False
+
     def hits(self, text: str) -> set:
         """(kind, rule index, j) targets whose literals occur in the line."""
         blind = text.translate(reader.DIGITS_BLIND)
@@ -339,7 +361,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
         ends_with_newline = True
         sample = b""
         for block, joins in reader.iter_blocks_with_joins(item, first_block_bytes=FIRST_BLOCK_BYTES,
-                                                          recaser=lambda: recaser_for(rules)):
+                                                          recaser=lambda: recaser_for(rules),
+                                                          crosses=plain.crosses):
             # joins: offsets where a hard-wrapped line was rejoined (a console copy); a physical line
             # starts at each, so line numbers add the joins before a line
             done += len(block)

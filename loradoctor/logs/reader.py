@@ -514,9 +514,12 @@ WRAP_MIN_SHARE = 0.15  # of the lines at least 40 columns wide
 CONSOLE_WIDTHS = frozenset((80, 100, 120, 132, 140, 150, 160, 180, 200, 220, 240, 250))
 
 
-def detect_wrap_width(sample: bytes) -> Optional[int]:
+def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> Optional[int]:
     """The column width a sample was hard-wrapped at, or None. Widths count characters; progress
-    bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count."""
+    bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count.
+    `crosses(line, next_line)` (the engine's: a rule's pattern matches the two joined across the cut, and
+    neither alone) lets a single cut full-width line at a console width, too few to tell a wrap by their
+    number, count as a wrap (`... To avoid da` + `ta inconsistency, we are taking the entire process down`)."""
     lines = sample.decode("utf-8", "replace").split("\n")
     if not sample.endswith(b"\n"):
         lines.pop()  # a cut last line says nothing
@@ -531,7 +534,7 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
     # warning repeated every step) are followed by more of the same, or by an indented line.
     # Counted once per distinct text: a long warning printed every step is one line, however often.
     full_lines: set[str] = set()
-    cut_lines: set[str] = set()
+    cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
         if len(line) != width or not _wrappable(line):
             continue
@@ -539,12 +542,17 @@ def detect_wrap_width(sample: bytes) -> Optional[int]:
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         if nxt and not nxt[:1].isspace() and \
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
-            cut_lines.add(line)
+            cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
     wide = sum(1 for line in counted if len(line) >= 40)
     needed = 2 if width in CONSOLE_WIDTHS else WRAP_MIN_FULL_LINES
     if cut >= needed and cut >= full / 2 and full >= WRAP_MIN_SHARE * wide:
         return width
+    if crosses is not None and width in CONSOLE_WIDTHS and 0 < cut < needed and cut >= full / 2 \
+            and full >= WRAP_MIN_SHARE * wide:
+        # too few full-width lines to count: a cut through the middle of a rule's message tells
+        if any(not line[-1:].isspace() and crosses(line, nxt) for line, nxt in cut_lines.items()):
+            return width
     return None
 
 
@@ -561,6 +569,17 @@ def _wrappable(line: str) -> bool:
         and stripped[-1] not in _TABLE_EDGES and stripped[0] not in _TABLE_EDGES
 
 
+def _glued_after_bar(line: str) -> bool:
+    """A tqdm bar with text glued after it (`... 0/2 [00:00<?, ?it/s]Error named symb`) that reaches the
+    width: tqdm pads the bar, not what a later print glues after it, so the line is a wrap like any other
+    (a bar alone, or a table row, stays unjoined)."""
+    if "\r" in line or "%|" not in line:
+        return False
+    m = _BAR_RE.match(line)
+    rest = line[m.end():].strip() if m else ""
+    return bool(rest) and rest[-1] not in _TABLE_EDGES
+
+
 def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
@@ -572,7 +591,7 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, l
     at = 0
     for i, line in enumerate(lines):
         text = line.decode("utf-8", "replace") if len(line) >= width else ""
-        full = len(text) == width and _wrappable(text)
+        full = len(text) == width and (_wrappable(text) or _glued_after_bar(text))
         if full and i == len(lines) - 1:
             tail = line + b"\n" + tail  # it continues in the next block
             break
@@ -597,12 +616,13 @@ def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: 
 
 def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
                            first_block_bytes: Optional[int] = None,
-                           recaser: Optional[Callable[[], Recaser]] = None) -> Iterator[tuple[bytes, list[int]]]:
+                           recaser: Optional[Callable[[], Recaser]] = None,
+                           crosses: Optional[Callable[[str, str], bool]] = None) -> Iterator[tuple[bytes, list[int]]]:
     """iter_blocks, with each block the offsets where a hard wrap was joined (empty for most inputs):
     the physical line of offset x is (newlines before x) + (joins before x) + 1, counted from the block's
     first physical line. `first_block_bytes` makes the first read smaller (the engine learns from it
     which rules are already satisfied before reading big blocks). `recaser` (built only when needed)
-    gives a lower-cased input the case of the rules' vocabulary."""
+    gives a lower-cased input the case of the rules' vocabulary; `crosses` goes to detect_wrap_width."""
     width: Optional[int] = None
     carry = b""
     first = True
@@ -611,7 +631,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         block = straighten_quotes(unescape_html(block))
         if first:
             first = False
-            width = detect_wrap_width(block[:1 << 20])
+            width = detect_wrap_width(block[:1 << 20], crosses)
             item.wrap_width = width
             if recaser is not None and is_lowered(block[:1 << 20]):
                 item.lowered = True
@@ -860,6 +880,28 @@ _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts)
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
 _PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+
+
+# a line number before a notebook table row, once its header showed the paste is numbered (`  13  50  0.69`)
+_LINE_NUMBER_RE = lazy_re(r"^[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )")
+
+
+def peel_table_line(raw: str, numbered: Optional[bool] = None) -> tuple[str, bool]:
+    """A raw line of a notebook table behind the prefixes normalise() peels (ANSI colours, markdown quote
+    markers and `>>> ` prompts, line numbers, rank / source / timestamp prefixes), without its bars or box
+    characters: (text, whether a line number was peeled). A header (`numbered` None) loses a line number
+    as normalise() peels it; a row starts with a number of its own (and `20  -  1.1` looks like a numbered
+    line), so its first number is peeled only when `numbered` is True (its header's was)."""
+    if "\x1b" in raw:
+        raw = _ANSI_RE.sub("", raw)
+    if raw[:1] == ">":
+        raw = _QUOTE_RE.sub("", raw, count=1)
+    had_number = False
+    if numbered is not False and raw[:1] in _PASTE_PREFIX_STARTS:
+        m = (_PASTE_PREFIX_RE if numbered is None else _LINE_NUMBER_RE).match(raw)
+        if m and m.end():
+            raw, had_number = raw[m.end():], not raw.startswith("In [")
+    return strip_prefixes(raw.rstrip())[0], had_number
 
 
 def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optional[float]]:

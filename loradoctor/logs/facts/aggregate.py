@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable, Optional
 
 from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
+from loradoctor.logs.reader import peel_table_line as _peel
 from loradoctor.logs.facts.metrics import (
     _APEX_OVERFLOW_RE, _DICT_PAIR_RE, _DS_OVERFLOW_RE, _JSON_PAIR_RE, _OLD_OVERFLOW_RE, _PEFT_RE, _TABLE_HEAD_RE,
     _ITER_LINE_RE, _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
@@ -355,6 +356,7 @@ class MetricsExtractor(Extractor):
         # records from notebook tables and wandb summaries: replayed by close() only in a log
         # without metric records of its own (docs/facts.md)
         self._table_columns: Optional[list[str]] = None  # a table whose rows ran to a block's end
+        self._table_peel: Optional[bool] = None  # its lines behind a prefix: None none, else numbered
         self._table_rows: list = []  # (record, raw row, line number in block, make_line)
         self._wandb: dict[str, float] = {}  # the last `wandb: Run summary:` values
         self._wandb_line: Any = None
@@ -400,28 +402,46 @@ class MetricsExtractor(Extractor):
         TABLE_HEAD, or while `table_open`): the rows after each `Step  Training Loss ...` header, up
         to the first line that is no row. `make_line(raw, n)` builds the Line of the block's n-th
         line (1-based) when evidence needs it. The rows are kept and replayed by finish()."""
-        starts = []  # (offset of the first row, columns, its line number in the block)
+        # (offset of the first row, columns, its line number in the block, how its lines are peeled: None
+        # when the header had no prefix, else whether it had a line number)
+        starts: list[tuple[int, list[str], int, Optional[bool]]] = []
         if self._table_columns is not None:
-            starts.append((0, self._table_columns, 1))
+            starts.append((0, self._table_columns, 1, self._table_peel))
             self._table_columns = None
-        if TABLE_HEAD in block:
-            for m in _TABLE_HEAD_RE.finditer(block):
+        counted, newlines = 0, 0  # newlines in block[:counted], so that line numbers cost one pass
+        at = block.find(TABLE_HEAD)
+        while at >= 0:  # each header's line once: the search goes on after it (linear in the block)
+            start = block.rfind(b"\n", 0, at) + 1
+            nl = block.find(b"\n", at)
+            line = block[start:nl if nl >= 0 else len(block)]
+            peel: Optional[bool] = None
+            m = _TABLE_HEAD_RE.match(line)
+            if m:
                 columns = table_columns(m.group(0).decode("utf-8", "replace"))
-                if not columns:
-                    continue
-                nl = block.find(b"\n", m.end())
-                if nl < 0:  # the header ends the block: its rows start the next one
-                    self._table_columns = columns
-                    continue
-                starts.append((nl + 1, columns, block.count(b"\n", 0, nl + 1) + 1))
-        for pos, columns, lineno in starts:
+            else:
+                # a header behind a pasted prefix (`> `, `>>> `, line numbers, compose, kubelet, rank, time):
+                # its rows are peeled alike
+                text, numbered = _peel(line.decode("utf-8", "replace"))
+                columns = table_columns(text)
+                peel = numbered
+            at = block.find(TABLE_HEAD, nl) if nl >= 0 else -1
+            if not columns:
+                continue
+            if nl < 0:  # the header ends the block: its rows start the next one
+                self._table_columns, self._table_peel = columns, peel
+                continue
+            newlines += block.count(b"\n", counted, nl + 1)
+            counted = nl + 1
+            starts.append((nl + 1, columns, newlines + 1, peel))
+        for pos, columns, lineno, peel in starts:
             rows = 0
             while pos < len(block):
                 end = block.find(b"\n", pos)
                 if end < 0:
                     end = len(block)
                 raw = block[pos:end]
-                text = raw.decode("utf-8", "replace").strip()
+                text = raw.decode("utf-8", "replace")
+                text = (text if peel is None else _peel(text, peel)[0]).strip()
                 record = parse_table_row(text, columns) if text else None
                 if record is None and not rows and _TABLE_RULE_RE.match(text):
                     pos, lineno = end + 1, lineno + 1  # `|------|:---:|` under a markdown header
@@ -435,7 +455,8 @@ class MetricsExtractor(Extractor):
                         self._table_rows.append((record, raw, lineno, make_line))
                 pos, lineno = end + 1, lineno + 1
             else:
-                self._table_columns = columns  # the rows ran to the block's end: they may go on
+                # the rows ran to the block's end: they may go on
+                self._table_columns, self._table_peel = columns, peel
 
     def _wandb_feed(self, line: Any) -> bool:
         """`wandb: Run summary:` and its `wandb:   train/loss nan` lines (the last run's wins).
