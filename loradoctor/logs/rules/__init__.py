@@ -14,7 +14,6 @@ Problems become one-line `UserError`s naming the file, the rule id and the field
 """
 
 from loradoctor.logs.rules.condition import MISSING, Condition, ConditionError
-from loradoctor.logs.rules.lint import lint_rules
 from loradoctor.logs.rules.literals import MIN_DERIVED_LITERAL, derive_literals, paste_tolerant
 from loradoctor.logs.rules.load import load_rules
 from loradoctor.logs.rules.model import LazyRegexes, Rule, build_rule
@@ -22,6 +21,18 @@ from loradoctor.logs.rules.schema import (builtin_rules_dir, cause_ids, load_sch
                                           validate_schema)
 from loradoctor.logs.rules.templates import (FILTERS, check_template, format_value, render_template,
                                              template_placeholders)
+
+
+
+def __getattr__(name: str):
+    """`lint_rules` on first use: the lint (and its ReDoS timing) is for `rules lint` and the tests, not
+    for every `explain` start."""
+    if name == "lint_rules":
+        from loradoctor.logs.rules.lint import lint_rules
+
+        return lint_rules
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MISSING", "Condition", "ConditionError", "lint_rules", "MIN_DERIVED_LITERAL", "derive_literals", "paste_tolerant", "load_rules",

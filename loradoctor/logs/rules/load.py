@@ -10,7 +10,6 @@ from typing import Iterable
 from loradoctor.errors import UserError
 from loradoctor.logs.rules.condition import Condition
 from loradoctor.logs.rules.model import Rule, build_rule
-from loradoctor.logs.rules.redos import timed_regex_problems
 from loradoctor.logs.rules.schema import builtin_rules_dir, load_schema, validate_schema
 
 def _load_file(path: Path, eager: bool = True) -> tuple[list[Rule], list[str]]:
@@ -256,6 +255,8 @@ def load_rules(extra_dirs: Iterable["str | Path"] = (), include_builtin: bool = 
     rules, problems = _builtin_rules(builtin) if include_builtin else ([], [])
     if extra:
         more, extra_problems = _collect(extra)
+        from loradoctor.logs.rules.redos import timed_regex_problems
+
         problems += extra_problems + timed_regex_problems(more)  # a user regex that runs away is refused
         seen = {r.id: r.source for r in rules}
         for rule in more:

@@ -4,7 +4,6 @@ is not a runtime dependency), and the developer tool that keeps the enums in ste
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from functools import lru_cache
@@ -13,7 +12,13 @@ from typing import Any, Optional
 
 def builtin_rules_dir() -> Path:
     """The shipped rules: the installed `loradoctor.rules` package, or `rules/` in a checkout."""
-    try:
+    import loradoctor
+
+    package = Path(loradoctor.__file__).resolve().parent
+    for path in (package / "rules", package.parent / "rules"):  # installed wheel; a checkout
+        if (path / "schema.json").is_file():
+            return path
+    try:  # any other layout: ask the import system (importlib.resources costs ~10 ms of every start)
         from importlib.resources import files
 
         path = Path(str(files("loradoctor.rules")))
@@ -21,9 +26,7 @@ def builtin_rules_dir() -> Path:
             return path
     except (ModuleNotFoundError, TypeError):
         pass
-    import loradoctor
-
-    return Path(loradoctor.__file__).resolve().parent.parent / "rules"
+    return package.parent / "rules"
 
 
 @lru_cache(maxsize=1)
@@ -104,6 +107,8 @@ def validate_schema(value: Any, schema: dict, root: Optional[dict] = None, path:
             if key in props:
                 errors.extend(validate_schema(item, props[key], root, sub))
             elif schema.get("additionalProperties") is False:
+                import difflib
+
                 close = difflib.get_close_matches(str(key).lower(), list(props), n=1, cutoff=0.75)
                 hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(props)})"
                 errors.append((sub, f"unknown field{hint}"))
