@@ -327,9 +327,10 @@ def test_a_prefixed_table_row_is_no_table_without_its_header(tmp_path):
     b"> a" + b"-1" * 100000 + b" Training Loss\n",  # a long prefix-like word before the header
 ])
 def test_prefixed_table_headers_are_linear(block):
-    """Finding prefixed headers and peeling their rows reads each line once: well under a second."""
+    """Finding prefixed headers and peeling their rows reads each line once: ~0.2 s on a quiet core (a
+    quadratic walk takes minutes here); the limit leaves room for a loaded CI machine."""
     import time
 
     started = time.process_time()
     FactCollector().feed_table_block(block, lambda raw, n: None)
-    assert time.process_time() - started < 0.5
+    assert time.process_time() - started < 2.0
