@@ -10,7 +10,7 @@ from loradoctor.logs import reader
 from loradoctor.logs.engine import recaser_for
 from loradoctor.logs.rules import derive_literals, load_rules, paste_tolerant
 
-from conftest import explain_text  # noqa: E402
+from conftest import ROOT, explain_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,23 @@ def test_recasing_changes_only_the_case(recaser):
         assert len(out) == len(text) and out.lower() == text
 
     check()
+
+
+def test_a_long_log_whose_first_block_is_only_dicts_and_bars_keeps_the_case_of_its_traceback(tmp_path):
+    """A Trainer log whose first 512 KiB hold only metric dicts and progress bars (no upper-case letter:
+    judged lower-cased), then a mixed-case OOM: the later lines that have upper-case letters are not
+    recased (`Of the Allocated memory` lost the fragmentation figures and read as capacity)."""
+    from loradoctor.logs import engine
+
+    oom = (ROOT / "fixtures/logs/oom-fragmentation/pos-rocm-hip-mi250-cached.log").read_text(encoding="utf-8")
+    lines = []
+    for i in range(1, 9000):
+        lines.append(f"{{'loss': {1.5 - i * 0.0001:.4f}, 'grad_norm': 0.51, 'learning_rate': 4e-06, 'epoch': {i / 9000:.2f}}}\n")
+        lines.append(f" {i * 100 // 9000}%|▏         | {i}/9000 [09:41<7:39:20, 15.29s/it]\n")
+    path = tmp_path / "long.log"
+    path.write_text("".join(lines) + oom, encoding="utf-8")
+    assert path.stat().st_size > engine.FIRST_BLOCK_BYTES
+    report = engine.explain([str(path)])
+    assert report.facts.get("oom.allocated_bytes") == 50530290237
+    assert report.findings[0].cause == "oom.fragmentation"
+    assert report.facts.get("metrics.first_loss") == 1.4999

@@ -637,7 +637,13 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
                 item.lowered = True
                 case = recaser()
         if case is not None:
-            block = case.recase(block)  # same length: only the case of letters changes
+            # same length: only the case of letters changes. The input was judged by its first block; a
+            # later block that holds upper-case letters (a long log whose first block was only metric dicts
+            # and progress bars, then a traceback) is recased line by line, and only where a line has none
+            if block.islower():
+                block = case.recase(block)
+            else:
+                block = b"\n".join(case.recase(line) if line.islower() else line for line in block.split(b"\n"))
         if width is None:
             yield block, []
             continue
