@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import explain_text
+from conftest import USER_RULE, explain_text
 from loradoctor.errors import UserError
 from loradoctor.logs.rules import load as R
 from loradoctor.logs.rules import builtin_rules_dir
@@ -101,23 +101,14 @@ def test_every_oom_rule_with_the_checkpointing_fix_drops_it():
 
 # the schema, the lint and the cache -------------------------------------------------------------------
 
-RULE = """\
-rules:
-  - id: {rid}
-    cause: oom.capacity
-    title: A test rule
-    severity: error
-    confidence: high
-    patterns: ['zzq fix condition test']
-    summary: test
-    fixes:
+# conftest's user rule with three fixes: unconditional, `unless: {cond}`, and `when:` 4-bit
+RULE = USER_RULE.replace("{pattern}", "zzq fix condition test").replace("      - text: do something\n", """\
       - text: always
       - text: only without checkpointing
         unless: {cond}
       - text: only with 4 bit
         when: config.load_in_4bit == True
-    docs: test
-"""
+""")
 
 
 def test_a_user_rule_with_fix_conditions_loads_and_filters(tmp_path):
