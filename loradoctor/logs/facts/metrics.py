@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import _NUMBER, _float, _size
 from loradoctor.logs.facts.tables import BAR_LOSS_KEYS as _BAR_LOSS_KEYS
+from loradoctor.logs.facts.tables import SERIES_KEYS as _SERIES_KEYS
 from loradoctor.logs.facts.tables import SPACED_KEYS as _SPACED_KEYS
 from loradoctor.logs.facts.tables import TABLE_KEYS as _TABLE_KEYS
 from loradoctor.logs.facts.tables import WANDB_KEYS as _WANDB_KEYS
@@ -62,10 +63,6 @@ _SPACED_METRIC_RE = lazy_re(
 # litgpt's `| loss train: 2.112, val: n/a |` and hand-written `| Loss Train: 0.4132 | Loss Val: ...`
 # (`\s*(?:[:=]\s*)?`, not `\s*[:=]?\s*`: two runs of spaces back to back split a long run n ways)
 _LOSS_TRAIN_RE = lazy_re(r"\bloss[ _]train\s*(?:[:=]\s*)?(" + _NUMBER + r")(?![\w.])", re.I)
-# series keys as loops print them, any case (timm's `Loss:` / `LR:`, a recased paste's `Loss:`,
-# fairseq's `gnorm`) -> the record keys the aggregates read
-_SERIES_KEYS = {"loss": "loss", "lr": "lr", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
-                "gnorm": "grad_norm", "grad_norm_total": "grad_norm"}
 
 
 def parse_metric_record(text: str) -> Optional[dict[str, Any]]:

@@ -13,6 +13,10 @@ SPACED_KEYS = {"train loss": "loss", "training loss": "loss", "loss": "loss", "l
                "lr": "learning_rate", "grad norm": "grad_norm", "gnorm": "grad_norm"}
 # the postfix key of a tqdm bar that holds the loss (Lightning's `train_loss=`, kohya's `avr_loss=`), first wins
 BAR_LOSS_KEYS = ("loss", "train_loss", "avr_loss", "avg_loss", "train/loss")
+# series keys as loops print them, any case (timm's `Loss:` / `LR:`, a recased paste's `Loss:`,
+# fairseq's `gnorm`) -> the record keys the aggregates read
+SERIES_KEYS = {"loss": "loss", "lr": "lr", "learning_rate": "learning_rate", "grad_norm": "grad_norm",
+              "gnorm": "grad_norm", "grad_norm_total": "grad_norm"}
 # the columns of a notebook Trainer table
 TABLE_KEYS = {"step": "step", "epoch": "epoch", "training loss": "loss", "train loss": "loss",
               "validation loss": "eval_loss", "eval loss": "eval_loss", "grad norm": "grad_norm",
