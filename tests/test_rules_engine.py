@@ -8,7 +8,8 @@ import pytest
 
 from loradoctor.errors import UserError
 from loradoctor.logs import rules as rules_mod
-from loradoctor.logs.engine import env_facts, explain
+from loradoctor.env.facts import snapshot_facts
+from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import (
     Condition, ConditionError, builtin_rules_dir, cause_ids, derive_literals, lint_rules, load_rules,
     render_template, repro_ids,
@@ -211,12 +212,12 @@ SNAPSHOT = {
 
 
 def test_env_facts_mapping_and_tolerance():
-    f = env_facts(SNAPSHOT)
+    f = snapshot_facts(SNAPSHOT)
     assert f == {"env.present": True, "env.driver_version": "550.54.15", "env.gpu_name": "NVIDIA GeForce RTX 4090",
                  "env.compute_capability": 8.9, "env.gpu_total_bytes": 24 * GIB, "env.other_process_bytes": 3 * GIB,
                  "env.torch_cuda_available": True, "env.torch_cuda_version": "12.4"}
-    assert env_facts({"nvidia": {"error": "could not check: no driver"}, "torch": {"error": "timeout"}}) == {"env.present": True}
-    assert env_facts(None) == {}
+    assert snapshot_facts({"nvidia": {"error": "could not check: no driver"}, "torch": {"error": "timeout"}}) == {"env.present": True}
+    assert snapshot_facts(None) == {}
 
 
 # --- ranking ---------------------------------------------------------------------------------

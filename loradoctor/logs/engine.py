@@ -738,9 +738,6 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     return matched
 
 
-env_facts = snapshot_facts  # the old name (loradoctor.env.facts owns the mapping)
-
-
 # ---------------------------------------------------------------------------------------------
 # findings and ranking
 
