@@ -1,6 +1,4 @@
-import sys
-
-from loradoctor.cli import main
+from loradoctor.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

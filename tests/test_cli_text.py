@@ -4,6 +4,7 @@ one line, the crash line and exit 3, a closed pipe, the docs / gpus / completion
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -179,6 +180,31 @@ def test_a_closed_pipe_keeps_the_exit_code_and_prints_no_traceback(tmp_path, arg
     os.close(write_end)
     assert proc.returncode == code, proc.stderr
     assert proc.stderr == ""
+
+
+def test_the_console_entry_flushes_everything_runs_atexit_and_keeps_the_code(tmp_path):
+    """entry() leaves with os._exit (no interpreter teardown): a long report must still arrive whole,
+    an atexit handler must still run, and the exit code is main's."""
+    logs = []
+    for i in range(3):
+        log = tmp_path / f"rank{i}.log"
+        log.write_text("".join(f"{{'loss': {0.5 + j / 1000:.4f}, 'grad_norm': 1.2, 'epoch': {j / 100:.2f}}}\n"
+                               for j in range(300)) + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                       "2.00 GiB. GPU 0 has a total capacity of 31.36 GiB of which 1.10 GiB is free.\n",
+                       encoding="utf-8")
+        logs.append(str(log))
+    code = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('ATEXIT-RAN\\n'))\n"
+            "sys.argv = ['loradoctor'] + sys.argv[1:]\nfrom loradoctor.cli import entry\nentry()\n"
+            "sys.stderr.write('NOT-REACHED\\n')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "explain", *logs, "--format", "json"], capture_output=True,
+                          text=True, env=dict(os.environ, NO_COLOR="1"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # the whole report, flushed before the hard exit
+    assert report["findings"] and len(proc.stdout) > 2000
+    assert "ATEXIT-RAN" in proc.stderr and "NOT-REACHED" not in proc.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "explain", str(tmp_path / "missing.log")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "ATEXIT-RAN" in bad.stderr
 
 
 # ---------------------------------------------------------------------------- docs, gpus, completion

@@ -162,10 +162,12 @@ raise ImportError("loud and broken")
 def test_huge_child_output_is_capped(tmp_path):
     # VmHWM, the peak of this process's own memory: getrusage's ru_maxrss survives fork and exec on Linux,
     # so it would report the pytest worker's size (a worker that loaded torch for another test) instead
-    code = ("import runpy, sys; sys.argv = ['loradoctor'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_module('loradoctor', run_name='__main__')\n"
-            "finally:\n    hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
-            "    sys.stderr.write('MAXRSS_KB %s\\n' % hwm[0])\n")
+    # read at exit through atexit: the console entry leaves with os._exit after running the atexit handlers
+    code = ("import atexit, runpy, sys; sys.argv = ['loradoctor'] + sys.argv[1:]\n"
+            "def hwm():\n    kb = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')]\n"
+            "    sys.stderr.write('MAXRSS_KB %s\\n' % kb[0]); sys.stderr.flush()\n"
+            "atexit.register(hwm)\n"
+            "runpy.run_module('loradoctor', run_name='__main__')\n")
     env = dict(os.environ, PYTHONPATH=str(_fake_torch(tmp_path, LOUD_TORCH)), LORADOCTOR_NO_CACHE="1")
     res = subprocess.run([sys.executable, "-c", code, "env", "--format", "json", "--timeout", "120"], cwd=str(ROOT),
                          env=env, capture_output=True, text=True, timeout=300)
