@@ -1,5 +1,6 @@
 """A small on-disk cache for results that are slow to make and cheap to key: the torch probe of
-`loradoctor env` (a child `import torch`, ~2 s) and the parsed built-in rule library of `explain`.
+`loradoctor env` (a child `import torch`, ~2 s), the parsed built-in rule library of `explain` and
+the data files it reads (the cause catalogue, the differential and frame tables: `yaml_data`).
 
 Where: $LORADOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/loradoctor, else ~/.cache/loradoctor.
 LORADOCTOR_NO_CACHE=1 turns it off. A cache that cannot be read or written is simply not used:
@@ -238,6 +239,36 @@ def read_json(kind: str, key: str) -> Optional[Any]:
 
 def write_json(kind: str, key: str, value: Any) -> bool:
     return write_bytes(kind, key, ".json", json.dumps(value, sort_keys=True, default=str).encode("utf-8"))
+
+
+def yaml_data(path: Path, kind: str) -> dict:
+    """A YAML data file shipped with loradoctor (a mapping at the top), parsed and kept here as plain
+    JSON (never a pickle) while the file is unchanged: reading the JSON back costs a millisecond,
+    importing and running the YAML parser 10-40 ms of a command's start. Only data that JSON gives
+    back unchanged is kept; an entry that is not a mapping is ignored and the file parsed again."""
+    from loradoctor import __version__
+
+    try:
+        st = path.stat()
+        key: Optional[str] = digest([__version__, str(path), st.st_size, st.st_mtime_ns])
+    except OSError:
+        key = None
+    if key is not None:
+        data = read_json(kind, key)
+        if isinstance(data, dict):
+            return data
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    if key is not None and isinstance(data, dict):
+        try:
+            plain = json.loads(json.dumps(data)) == data
+        except (TypeError, ValueError):
+            plain = False
+        if plain:
+            write_json(kind, key, data)
+    return data
 
 
 def _prune(dir_fd: int, prefix: str, suffix: str, keep: int) -> None:

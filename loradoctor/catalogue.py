@@ -149,11 +149,9 @@ def _fixes(raw: Any, where: str) -> list[CatalogueFix]:
 @lru_cache(maxsize=1)
 def causes() -> dict[str, Cause]:
     """Every cause of the catalogue (user-facing and internal), in file order."""
-    import yaml
+    from loradoctor import cache
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    data = yaml.load(CATALOGUE_PATH.read_text(encoding="utf-8"), Loader=loader)
-    return _parse(data, repro_ids())
+    return _parse(cache.yaml_data(CATALOGUE_PATH, "catalogue"), repro_ids())
 
 
 def cause_ids() -> list[str]:

@@ -222,3 +222,26 @@ def test_a_folder_in_a_parent_another_user_controls_is_not_used(tmp_path, monkey
     assert cache.write_json("probe", "k", {"a": 1}) is False
     os.chmod(parent, 0o1777)  # like /tmp: the sticky bit stops others renaming our folder
     assert cache.write_json("probe", "k", {"a": 1}) is True
+
+
+def test_yaml_data_is_kept_as_json_and_follows_the_file(tmp_path, monkeypatch):
+    from loradoctor import cache
+
+    monkeypatch.setenv("LORADOCTOR_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.delenv("LORADOCTOR_NO_CACHE", raising=False)
+    table = tmp_path / "table.yaml"
+    table.write_text("phases:\n  load: [from_pretrained]\n", encoding="utf-8")
+    assert cache.yaml_data(table, "t") == {"phases": {"load": ["from_pretrained"]}}
+    kept = [p for p in (tmp_path / "c").iterdir() if p.suffix == ".json"]
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == {"phases": {"load": ["from_pretrained"]}}
+    kept[0].write_text('{"phases": {"from": "the cache"}}')  # the second read comes from the entry
+    assert cache.yaml_data(table, "t") == {"phases": {"from": "the cache"}}
+    kept[0].write_text("[1, 2]")  # not a mapping: ignored, the file is parsed again
+    assert cache.yaml_data(table, "t") == {"phases": {"load": ["from_pretrained"]}}
+    table.write_text("phases:\n  save: [save_model]\n", encoding="utf-8")  # an edited file is read again
+    assert cache.yaml_data(table, "t") == {"phases": {"save": ["save_model"]}}
+    dated = tmp_path / "dated.yaml"
+    dated.write_text("when: 2024-05-01\n", encoding="utf-8")  # a date does not survive JSON: never kept
+    before = set((tmp_path / "c").iterdir())
+    assert str(cache.yaml_data(dated, "t")["when"]) == "2024-05-01"
+    assert set((tmp_path / "c").iterdir()) == before

@@ -55,39 +55,12 @@ class Guess:
     when: Any = None  # a compiled Condition on the facts under which the guess stays plausible
 
 
-CACHE_FORMAT = 1  # bump when what _data keeps changes shape
-
-
 @functools.lru_cache(maxsize=1)
 def _data(path: Path = TABLE) -> dict[str, Any]:
-    """The table file, parsed once per process and kept in the user's cache as plain JSON
-    (loradoctor/cache.py; never a pickle) while the file is unchanged: reading the JSON back
-    costs a millisecond, importing and running the YAML parser ~40 ms of every `explain`."""
-    from loradoctor import __version__, cache
+    """The table file, parsed once per process (kept as JSON in the user's cache: loradoctor.cache.yaml_data)."""
+    from loradoctor import cache
 
-    try:
-        stat = path.stat()
-        key = cache.digest([__version__, str(path), stat.st_size, stat.st_mtime_ns, CACHE_FORMAT])
-    except OSError:
-        key = None
-    if key is not None:
-        data = cache.read_json("differential", key)
-        if isinstance(data, dict):
-            return data
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
-    if key is not None and isinstance(data, dict):
-        import json
-
-        try:
-            plain = json.loads(json.dumps(data)) == data  # only what JSON gives back unchanged is kept
-        except (TypeError, ValueError):
-            plain = False
-        if plain:
-            cache.write_json("differential", key, data)
-    return data
+    return cache.yaml_data(path, "differential")
 
 
 @functools.lru_cache(maxsize=None)

@@ -130,11 +130,10 @@ class FrameTable(NamedTuple):
 
 @functools.lru_cache(maxsize=2)
 def frame_table(path: Path = TABLE) -> FrameTable:
-    """frames.yaml, parsed once per process (libyaml when present)."""
-    import yaml
+    """frames.yaml, parsed once per process (kept as JSON in the user's cache: loradoctor.cache.yaml_data)."""
+    from loradoctor import cache
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
+    data = cache.yaml_data(path, "frames")
     phases = data["phases"]
     keys = {name: frozenset(frame_key(f) for f in spec.get("functions") or ()) for name, spec in phases.items()}
     bnb = data.get("bnb_4bit") or {}
