@@ -12,8 +12,10 @@ An env check returns a cause, its facts and evidence, and names a `variant` when
 wordings (`variants:` in the YAML: a headline, a summary and fixes per situation, e.g. env.no_gpu_visible's
 `cvd_hides` and `container`). Templates are the rules' (loradoctor/logs/rules/templates.py): `{name}`,
 `{name|filter}`, `[[ optional part ]]`, `{name|or:WORD}`. A headline or summary is the first of its
-alternatives whose placeholders the facts fill; a fix whose placeholders they cannot fill, or whose
-`when:` fact is missing or false, is left out.
+alternatives whose placeholders the facts fill; a fix whose placeholders they cannot fill is left out. A fix
+may carry `when:` / `unless:` in the rules' condition language (loradoctor/logs/rules/condition.py) over the
+check's facts and wording values, named `check.<name>` (the names of factnames.CHECK_FACTS): checked when the
+catalogue loads, and the fixes that apply are picked by the rules' own `fixes_that_apply`.
 
 `loradoctor docs causes` renders the docs page from it each time (docs/causes.md in the checkout only
 points there, so a new cause edits no page); `python -m loradoctor.catalogue --write-docs FILE` writes a
@@ -41,7 +43,9 @@ class CatalogueFix:
     text: str
     command: Optional[str] = None
     only: Optional[str] = None  # "explain" or "env": a step that makes sense for one kind of finding only
-    when: Optional[str] = None  # a fact that must be present and true for this step to be offered
+    when: Optional[str] = None  # a condition over the check's facts (`check.*`) that must hold for the step
+    unless: Optional[str] = None  # a condition that drops the step when it holds
+    conditions: tuple = field(default=(None, None), compare=False, repr=False)  # (when, unless) compiled
 
 
 @dataclass(frozen=True)
@@ -133,17 +137,38 @@ def _parse(data: Any, repros: Sequence[str]) -> dict[str, Cause]:
 
 
 def _fixes(raw: Any, where: str) -> list[CatalogueFix]:
-    fixes = []
-    for i, fx in enumerate(raw or []):
+    """A cause's (or variant's) fixes; their `when:` / `unless:` are compiled here, with the rules' condition
+    language over the `check.*` names, so a bad one stops the load with its place."""
+    from loradoctor.logs.factnames import CHECK_FACT_SET, CHECK_FACTS
+    from loradoctor.logs.rules.condition import compile_fix_conditions
+
+    raw = raw or []
+    for i, fx in enumerate(raw):
         if not isinstance(fx, dict) or not isinstance(fx.get("text"), str):
             raise CatalogueError(f"{where}: fixes[{i}] needs a text")
         if fx.get("only") not in (None, *AUDIENCES):
             raise CatalogueError(f"{where}: fixes[{i}].only must be one of {', '.join(AUDIENCES)}")
-        unknown = set(fx) - {"text", "command", "only", "when"}
+        unknown = set(fx) - {"text", "command", "only", "when", "unless"}
         if unknown:
             raise CatalogueError(f"{where}: fixes[{i}]: unknown keys {', '.join(sorted(map(str, unknown)))}")
-        fixes.append(CatalogueFix(fx["text"], fx.get("command"), fx.get("only"), fx.get("when")))
-    return fixes
+        for key in ("when", "unless"):
+            if fx.get(key) is not None and not isinstance(fx[key], str):
+                raise CatalogueError(f"{where}: fixes[{i}].{key} must be a condition (a string)")
+    sources = [(fx.get("when"), fx.get("unless")) for fx in raw]
+    problems: list[str] = []
+    conditions = compile_fix_conditions(sources, CHECK_FACT_SET, "a catalogue fix names what the env check found: "
+                                        + ", ".join(CHECK_FACTS), problems)
+    if problems:
+        raise CatalogueError(f"{where}: {problems[0]}")
+    return [CatalogueFix(fx["text"], fx.get("command"), fx.get("only"), when, unless, conditions=pair)
+            for fx, (when, unless), pair in zip(raw, sources, conditions)]
+
+
+def check_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """A check's facts and wording values as the catalogue's fix conditions name them: `no_gpu` -> `check.no_gpu`."""
+    from loradoctor.logs.factnames import CHECK_GROUP
+
+    return {f"{CHECK_GROUP}.{name}": value for name, value in facts.items()}
 
 
 @lru_cache(maxsize=1)
@@ -224,13 +249,15 @@ def summary(cause_id: str, facts: Mapping[str, Any], variant: Optional[str] = No
 def fixes_for(cause_id: str, facts: Mapping[str, Any], audience: str = "env",
               variant: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
     """(text, command) next steps of a cause (or of one of its variants) for one audience, placeholders filled
-    from facts; a step whose placeholders the facts cannot fill, or whose `when` fact is missing or false, is
-    left out, and a leading 'Or ' is dropped from the first step."""
+    from facts; a step for the other audience, one whose `when` does not hold or whose `unless` does (over
+    check_facts(facts), picked by the rules' fixes_that_apply) and one whose placeholders the facts cannot fill
+    are left out, and a leading 'Or ' is dropped from the first step."""
+    from loradoctor.logs.rules.condition import fixes_that_apply
+
     w = wording(cause_id, variant)
+    fixes = [fx for fx in (get(cause_id).fixes if w.fixes is None else w.fixes) if fx.only in (None, audience)]
     out: list[tuple[str, Optional[str]]] = []
-    for fx in get(cause_id).fixes if w.fixes is None else w.fixes:
-        if fx.only not in (None, audience) or (fx.when is not None and not facts.get(fx.when)):
-            continue
+    for fx in fixes_that_apply(fixes, [fx.conditions for fx in fixes], check_facts(facts)):
         text = fill(fx.text, facts)
         command = fill(fx.command, facts, keep_lines=True) if fx.command is not None else None
         if text is None or (fx.command is not None and command is None):
@@ -253,7 +280,7 @@ def _doc_template(text: str) -> str:
 
 
 def _doc_fix(i: int, fx: CatalogueFix) -> str:
-    marks = [m for m in (fx.only, f"when {fx.when.replace('_', ' ')}" if fx.when else None) if m]
+    marks = [m for m in (fx.only, fx.when and f"when `{fx.when}`", fx.unless and f"unless `{fx.unless}`") if m]
     line = f"{i}. {_doc_template(fx.text)}" + (f" ({'; '.join(marks)})" if marks else "")
     return line + (f": `{_doc_template(fx.command)}`" if fx.command else "")
 
@@ -291,8 +318,8 @@ def render_docs() -> str:
     out += ["", "## Next steps per cause", "",
             "The default wording and fixes. A log rule says its own (its YAML title, summary and fixes override these);",
             "an env check takes its wording from here, the cause's own or one of its variants, and fills the <placeholders>",
-            "with what it found. Steps marked (explain) or (env) apply to one kind of finding only; (when ...) only when",
-            "the check found that.", ""]
+            "with what it found. Steps marked (explain) or (env) apply to one kind of finding only; (when `...`) only when",
+            "the condition over what the check found holds, (unless `...`) only when it does not.", ""]
     for c in user + internal:
         out += [f"### {c.id}", "", f"**{c.title}** · {c.category} · default severity {c.severity}"
                 + (f" · confirm: `loradoctor repro run {c.repro}`" if c.repro else ""), ""]

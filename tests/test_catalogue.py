@@ -159,3 +159,69 @@ def test_a_rule_words_its_own_finding_and_takes_the_catalogues_fixes_when_it_has
         assert (found.title, found.summary) == ("A test rule", "test")  # the rule's, not the catalogue's title
         got = [(fx.text, fx.command) for fx in found.fixes]
         assert got == ([("do something", None)] if fixes else catalogue.fixes_for("oom.capacity", {}, "explain")), got
+
+
+# issue 9: a catalogue fix's `when:` / `unless:` is the rules' condition language over what the env check found
+# (`check.*`), compiled when the catalogue loads and picked by the rules' own fixes_that_apply
+
+def _with_fixes(monkeypatch, fixes):
+    """The catalogue with oom.leak's fixes replaced, parsed as the loader does and put in place of the real one."""
+    data = yaml.safe_load(catalogue.CATALOGUE_PATH.read_text(encoding="utf-8"))
+    data["causes"]["oom.leak"]["fixes"] = fixes
+    parsed = _parse(data, catalogue.repro_ids())
+    monkeypatch.setattr(catalogue, "causes", lambda: parsed)
+    return parsed
+
+
+def test_a_catalogue_fix_condition_holds_or_not(monkeypatch):
+    _with_fixes(monkeypatch, [
+        {"text": "always"},
+        {"text": "only without a GPU", "when": "check.no_gpu"},
+        {"text": "unless shadowed", "unless": "check.shadows == True"},
+        {"text": "both", "when": "check.cpu_build and not check.needs_torch"},
+    ])
+    texts = lambda facts: [t for t, _ in catalogue.fixes_for("oom.leak", facts, "env")]  # noqa: E731
+    assert texts({}) == ["always", "unless shadowed"]
+    assert texts({"no_gpu": True, "shadows": True}) == ["always", "only without a GPU"]
+    assert texts({"no_gpu": False, "shadows": False, "cpu_build": True}) == ["always", "unless shadowed", "both"]
+    assert texts({"cpu_build": True, "needs_torch": True}) == ["always", "unless shadowed"]
+    # the explain audience (a rule without fixes of its own) is picked with nothing checked
+    assert [t for t, _ in catalogue.fixes_for("oom.leak", {}, "explain")] == ["always", "unless shadowed"]
+
+
+@pytest.mark.parametrize("cond,message", [
+    ("check.no_gpus", r"fixes\[1\]\.when: unknown fact 'check.no_gpus' \(a catalogue fix names what the env check found"),
+    ("no_gpu", r"fixes\[1\]\.when: unknown name 'no_gpu'"),  # the old bare truthy name is refused
+    ("config.load_in_4bit == True", r"fixes\[1\]\.when: unknown fact 'config.load_in_4bit'"),  # a log fact
+    ("check.no_gpu ==", r"fixes\[1\]\.when: cannot parse"),
+    ("__import__('os')", r"fixes\[1\]\.when: call to '__import__' is not allowed"),
+    (["check.no_gpu"], r"fixes\[1\]\.when must be a condition"),
+])
+def test_a_bad_catalogue_fix_condition_is_refused_at_load(cond, message):
+    data = yaml.safe_load(catalogue.CATALOGUE_PATH.read_text(encoding="utf-8"))
+    data["causes"]["oom.leak"]["fixes"] = [{"text": "always"}, {"text": "t", "when": cond}]
+    with pytest.raises(CatalogueError, match=r"causes.yaml: oom.leak: " + message):
+        _parse(data, catalogue.repro_ids())
+    data["causes"]["oom.leak"]["fixes"] = [{"text": "always"}, {"text": "t", "unless": cond}]
+    with pytest.raises(CatalogueError, match=message.replace("when", "unless")):
+        _parse(data, catalogue.repro_ids())
+
+
+def test_a_bad_condition_in_a_variant_names_the_variant():
+    data = yaml.safe_load(catalogue.CATALOGUE_PATH.read_text(encoding="utf-8"))
+    data["causes"]["env.torch_cpu_only"]["variants"]["gpu_training"]["fixes"][0]["when"] = "check.no_gpus"
+    with pytest.raises(CatalogueError, match=r"env.torch_cpu_only: variants.gpu_training: fixes\[0\]\.when: unknown fact"):
+        _parse(data, catalogue.repro_ids())
+
+
+def test_every_check_fact_is_set_by_a_check_and_every_catalogue_condition_names_one():
+    from loradoctor.logs.factnames import CHECK_FACTS
+
+    source = (ROOT / "loradoctor" / "env" / "checks.py").read_text(encoding="utf-8")
+    for name in CHECK_FACTS:
+        short = name.split(".", 1)[1]
+        assert re.search(rf"""["']{short}["']\s*(?::|\]\s*=)""", source), f"no check sets {short!r} ({name})"
+    used = {f for c in catalogue.causes().values()
+            for fx in [*c.fixes, *(fx for w in c.variants.values() for fx in (w.fixes or ()))]
+            for cond in fx.conditions if cond is not None for f in cond.facts}
+    assert used == set(CHECK_FACTS)  # a name no fix uses is dropped from the list

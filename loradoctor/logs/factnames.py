@@ -48,6 +48,18 @@ KNOWN_FACTS: tuple[str, ...] = (
 )
 
 KNOWN_FACT_SET = frozenset(KNOWN_FACTS)
+
+# What an env check found, as the fix conditions of the cause catalogue (loradoctor/data/causes.yaml) name it:
+# a check's facts and wording values `name` are `check.name` there (`when: check.no_gpu`); docs/rules.md
+# "Conditions on a fix". Only these may be named, so a misspelt one is refused when the catalogue loads.
+CHECK_FACTS: tuple[str, ...] = (
+    "check.no_gpu", "check.cpu_build", "check.needs_torch",  # gpu_training: why GPU fine-tuning is not possible here
+    "check.shadows",  # torch_broken: LD_LIBRARY_PATH lists CUDA library folders
+    "check.no_wheel",  # arch_unsupported: no current torch wheel has kernels for the GPU
+    "check.needs_package",  # version_conflict: the floor names a package other than torch (needs_torch: torch)
+)
+CHECK_FACT_SET = frozenset(CHECK_FACTS)
+CHECK_GROUP = "check"
 BYTES_FACTS = frozenset(n for n in KNOWN_FACTS if n.endswith("_bytes"))
 FRACTION_FACTS = frozenset({"oom.step_fraction"})
 

@@ -1,6 +1,8 @@
-"""The condition language of a rule's `when:`: a safe subset of Python expressions over fact
-names (comparisons, and/or/not, + - * /, `defined(...)`, `any_of(...)`, sizes such as `2 GiB`),
-parsed and checked once, evaluated against the facts, and described with their values."""
+"""The condition language of a rule's `when:` and of a fix's `when:` / `unless:` (a rule's fixes and the
+cause catalogue's alike): a safe subset of Python expressions over fact names (comparisons, and/or/not,
++ - * /, `defined(...)`, `any_of(...)`, sizes such as `2 GiB`), parsed and checked once, evaluated against
+the facts, and described with their values. `compile_fix_conditions` and `fixes_that_apply` are the one
+place where a fix's conditions are compiled and where the fixes that apply are picked."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import ast
 import math
 import operator
 import re
-from typing import Any, Iterable, Mapping, Optional
+from typing import AbstractSet, Any, Iterable, Mapping, Optional, Sequence, TypeVar
 
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.templates import format_value
@@ -99,10 +101,13 @@ class Condition:
     """A compiled `when` expression. Only the constructs of docs/rules.md are accepted: fact names,
     numbers (with size units), strings, lists, and/or/not, comparisons, in, + - * /, and the
     helpers defined(fact) and any_of(a, b). Anything else (calls, subscripts, lambdas, dunder
-    attributes) is rejected at load time, so evaluation never runs user code."""
+    attributes) is rejected at load time, so evaluation never runs user code. `known` is the set of fact
+    names it may use (the log's facts, docs/facts.md; the catalogue's fix conditions pass the env checks'
+    `check.*` facts) and `hint` says where they are listed in the unknown-fact error."""
 
-    def __init__(self, expr: str):
+    def __init__(self, expr: str, known: AbstractSet[str] = KNOWN_FACT_SET, hint: str = "see docs/facts.md"):
         self.expr = expr
+        self.known, self.hint = known, hint
         try:
             self.tree = ast.parse(_expand_sizes(expr.strip()), mode="eval")
         except SyntaxError as exc:
@@ -112,8 +117,8 @@ class Condition:
         self._check(self.tree.body, in_defined=False)
 
     def _add_fact(self, name: str, in_defined: bool) -> None:
-        if name not in KNOWN_FACT_SET:
-            raise ConditionError(f"unknown fact {name!r} (see docs/facts.md)")
+        if name not in self.known:
+            raise ConditionError(f"unknown fact {name!r} ({self.hint})")
         if name not in self.facts:
             self.facts.append(name)
         if not in_defined and name not in self.value_facts:
@@ -272,7 +277,7 @@ class Condition:
             if not held:
                 continue
             try:
-                text = Condition(ast.unparse(node)).describe(facts)
+                text = Condition(ast.unparse(node), self.known, self.hint).describe(facts)
             except ConditionError:
                 continue
             if text in parts:
@@ -281,6 +286,45 @@ class Condition:
                 return parts, True
             parts.append(text)
         return parts, False
+
+
+# ------------------------------------------------------------------ conditions on a fix
+
+_T = TypeVar("_T")
+FixConditions = tuple  # per fix: (when, unless), each a Condition or None
+
+
+def compile_fix_conditions(sources: Sequence[tuple[Optional[str], Optional[str]]],
+                           known: AbstractSet[str] = KNOWN_FACT_SET, hint: str = "see docs/facts.md",
+                           problems: Optional[list] = None) -> list[FixConditions]:
+    """Per fix, its `when:` and `unless:` sources (None or empty: none) compiled to Conditions over the names in
+    `known`. A bad one is a problem `fixes[i].when: ...` appended to `problems` (and left None), or, without a
+    list, a ConditionError with that text. Rules (logs/rules/model.py) and the cause catalogue both compile here."""
+    out = []
+    for i, pair in enumerate(sources):
+        compiled = []
+        for key, source in zip(("when", "unless"), pair):
+            cond = None
+            if source:
+                try:
+                    cond = Condition(source, known, hint)
+                except ConditionError as exc:
+                    if problems is None:
+                        raise ConditionError(f"fixes[{i}].{key}: {exc}") from None
+                    problems.append(f"fixes[{i}].{key}: {exc}")
+            compiled.append(cond)
+        out.append((compiled[0], compiled[1]))
+    return out
+
+
+def fixes_that_apply(fixes: Sequence[_T], conditions: Sequence[FixConditions], facts: Mapping[str, Any]) -> list[_T]:
+    """The one place that picks the fixes that apply, for a rule's fixes and the catalogue's alike: a fix is kept
+    when its `when` holds (or it has none) and its `unless` does not (or it has none). `conditions` holds one
+    (when, unless) pair per fix, from compile_fix_conditions."""
+    if len(conditions) != len(fixes):
+        raise ValueError(f"{len(fixes)} fixes but {len(conditions)} condition pairs")
+    return [fix for fix, (when, unless) in zip(fixes, conditions)
+            if (when is None or when.evaluate(facts)) and (unless is None or not unless.evaluate(facts))]
 
 
 def _held_comparisons(node: ast.AST, negated: bool = False) -> Iterable[ast.Compare]:

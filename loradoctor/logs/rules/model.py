@@ -9,7 +9,7 @@ from typing import Optional
 
 from loradoctor.findings import Fix, confidence_value
 from loradoctor.logs.factnames import KNOWN_FACT_SET
-from loradoctor.logs.rules.condition import Condition, ConditionError
+from loradoctor.logs.rules.condition import Condition, ConditionError, compile_fix_conditions, fixes_that_apply
 from loradoctor.logs.rules.redos import static_problems
 from loradoctor.logs.rules.literals import _literals_for, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
@@ -64,15 +64,22 @@ class Rule:
         return other_id if other_id in self.outranks else None
 
     def fixes_for(self, facts) -> list[Fix]:
-        """The fixes whose `when:` holds and whose `unless:` does not (a fix already applied is dropped)."""
+        """The fixes whose `when:` holds and whose `unless:` does not (a fix already applied is dropped),
+        picked by condition.fixes_that_apply, as the catalogue's are."""
         if not (any(self.fix_when) or any(self.fix_unless)):
             return list(self.fixes)
         if len(self.fix_conditions) != len(self.fixes):
-            compile_fix_conditions(self)  # a cached rule parses its fix conditions on first use
-        if not any(w or u for w, u in self.fix_conditions):
-            return list(self.fixes)
-        return [fix for fix, (when, unless) in zip(self.fixes, self.fix_conditions)
-                if (when is None or when.evaluate(facts)) and (unless is None or not unless.evaluate(facts))]
+            self.compile_fix_conditions()  # a cached rule parses its fix conditions on first use
+        return fixes_that_apply(self.fixes, self.fix_conditions, facts)
+
+    def compile_fix_conditions(self, problems: Optional[list] = None) -> None:
+        """Fill `fix_conditions` from `fix_when` / `fix_unless` (condition.compile_fix_conditions, over the
+        log's facts); a bad condition is a problem (or raises)."""
+        def source(sources: list, i: int) -> Optional[str]:
+            return sources[i] if i < len(sources) else None
+
+        self.fix_conditions = compile_fix_conditions(
+            [(source(self.fix_when, i), source(self.fix_unless, i)) for i in range(len(self.fixes))], problems=problems)
 
     def to_dict(self) -> dict:
         return {
@@ -95,25 +102,6 @@ def _fix_dict(fix: Fix, when: Optional[str], unless: Optional[str]) -> dict:
     if unless:
         data["unless"] = unless
     return data
-
-
-def compile_fix_conditions(rule: Rule, problems: Optional[list] = None) -> None:
-    """Fill `fix_conditions` from `fix_when` / `fix_unless`; a bad condition is a problem (or raises)."""
-    rule.fix_conditions = []
-    for i, fix in enumerate(rule.fixes):
-        pair = []
-        for key, sources in (("when", rule.fix_when), ("unless", rule.fix_unless)):
-            source = sources[i] if i < len(sources) else None
-            cond = None
-            if source:
-                try:
-                    cond = Condition(source)
-                except ConditionError as exc:
-                    if problems is None:
-                        raise
-                    problems.append(f"fixes[{i}].{key}: {exc}")
-            pair.append(cond)
-        rule.fix_conditions.append(tuple(pair))
 
 
 def _compile_regex(pattern: str):
@@ -210,7 +198,7 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
             rule.condition = Condition(rule.when)
         except ConditionError as exc:
             problems.append(f"when: {exc}")
-    compile_fix_conditions(rule, problems)
+    rule.compile_fix_conditions(problems)
     for name in rule.facts:
         if name not in KNOWN_FACT_SET:
             problems.append(f"facts: unknown fact {name!r} (see docs/facts.md)")
