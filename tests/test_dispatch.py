@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, trace, xid
+from loradoctor.env import snapshot
+from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, smi, trace, xid
 from loradoctor.logs.facts.collector import Dispatch, FactCollector
 from loradoctor.logs.reader import make_line
 
@@ -28,6 +29,8 @@ ENTRY = {
     config.ConfigExtractor: [config._FOUR_BIT_RE, config._CHECKPOINTING_RE, config._MICRO_BATCH_RE],
     aggregate.MetricsExtractor: [metrics._PEFT_RE, metrics._APEX_OVERFLOW_RE, metrics._DS_OVERFLOW_RE,
                                  metrics._OLD_OVERFLOW_RE],
+    # the engine hands an open table only its trigger lines: every row the importer reads must hold one
+    smi.SmiExtractor: [smi._HEADER_RE, snapshot._SMI_GPU_ROW, snapshot._SMI_USE_ROW, snapshot._SMI_PROC],
 }
 
 # lines that each entry regex must be complete for, beyond the fixtures (forms a fixture may lack)

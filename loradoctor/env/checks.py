@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from loradoctor.env.facts import unlisted_bytes, unlisted_is_large
 from loradoctor.findings import Evidence, Finding, Fix, assign_ranks
 from loradoctor.units import GIB, MIB, format_bytes
 
@@ -873,6 +874,22 @@ def check_other_process(snapshot: dict) -> list[Finding]:
                 evidence=[_ev(f"nvidia.gpus[{i}].processes", f"{pid_text} {name} {format_bytes(used)}"
                               + (" (not running: zombie)" if zombie else ""))],
                 facts={"pid": pid, "used_bytes": used, "memory_free_bytes": free}, confidence=0.85,
+            ))
+        unlisted = unlisted_bytes(g)
+        if unlisted_is_large(unlisted, total):
+            # memory no listed process accounts for: another container or VM, another PID namespace,
+            # or a dead process whose memory the driver still holds (or, in a container, this job itself)
+            tight = total and free is not None and free < 0.1 * total
+            words = {"unlisted": format_bytes(unlisted), "gpu": _gpu_label(i, g), "gpu_index": g.get("index", i)}
+            if total and free is not None:
+                words.update(free=format_bytes(free), total=format_bytes(total))
+            listed, used = len(g.get("processes") or []), g["memory_used_bytes"]
+            held = (f"{format_bytes(used - unlisted)} of it by the {listed} listed process{'' if listed == 1 else 'es'}"
+                    if listed else "no process listed")
+            out.append(_finding(
+                "oom.other_process", "error" if tight else "warning", "unlisted", words=words,
+                evidence=[_ev(f"nvidia.gpus[{i}].memory_used_bytes", f"{format_bytes(used)} in use, {held}")],
+                facts={"unlisted_bytes": unlisted, "memory_free_bytes": free}, confidence=0.6,
             ))
     return out
 

@@ -5,6 +5,37 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+GIB = 1 << 30
+UNLISTED_MIN_BYTES = GIB  # a display, a CUDA context or the driver's own reserve stay below this
+UNLISTED_MIN_SHARE = 0.05  # ... and below this share of the card
+
+
+def unlisted_bytes(gpu: Any) -> Optional[int]:
+    """Memory in use on a GPU that no listed process accounts for: used minus the listed processes'
+    memory. None when the GPU's used memory or its process listing is not shown, when a listed process's
+    memory is not shown (Windows WDDM prints N/A), or under MIG (per-instance memory). The env check
+    (`other_process`, variant `unlisted`) and the log's pasted nvidia-smi tables (facts `smi.*`) both read it."""
+    if not isinstance(gpu, dict) or str(gpu.get("mig_mode", "")).lower() == "enabled":
+        return None
+    used, procs = gpu.get("memory_used_bytes"), gpu.get("processes")
+    if not isinstance(used, int) or not isinstance(procs, list):
+        return None
+    listed = 0
+    for proc in procs:
+        size = proc.get("used_bytes") if isinstance(proc, dict) else None
+        if not isinstance(size, int):
+            return None
+        listed += size
+    return max(0, used - listed)
+
+
+def unlisted_is_large(unlisted: Optional[int], total: Any) -> bool:
+    """Enough unaccounted memory to matter: at least UNLISTED_MIN_BYTES and UNLISTED_MIN_SHARE of the card."""
+    if unlisted is None:
+        return False
+    share = UNLISTED_MIN_SHARE * total if isinstance(total, int) and total > 0 else 0
+    return unlisted >= max(UNLISTED_MIN_BYTES, share)
+
 
 def snapshot_facts(snapshot: Optional[dict], device_index: Optional[int] = None) -> dict[str, Any]:
     """Map a loradoctor snapshot (docs/snapshot.md) to the env.* facts; tolerates missing keys

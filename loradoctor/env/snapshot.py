@@ -440,12 +440,13 @@ def import_nvidia_smi_table(text: str) -> dict:
                 mig = re.search(r"\|\s+(Enabled|Disabled)\s*\|\s*$", lines[n + 2], re.I) if n + 2 < len(lines) else None
                 if mig:
                     g["mig_mode"] = mig.group(1).capitalize()
-            g["processes"] = []
             gpus.append(g)
     in_procs = False
     for line in lines:
         if re.search(r"\|\s*Processes:", line, re.I):
             in_procs = True
+            for g in gpus:  # the listing is shown: a GPU without a row has no process (a table cut before
+                g["processes"] = []  # its Processes section says nothing about them)
             continue
         if in_procs:
             p = _SMI_PROC.match(line)
@@ -456,7 +457,7 @@ def import_nvidia_smi_table(text: str) -> dict:
                 used = p.group(7)
                 for g in gpus:
                     if g["index"] == idx:
-                        g["processes"].append({
+                        g.setdefault("processes", []).append({
                             "pid": int(p.group(4)), "name": p.group(6).strip(), "type": p.group(5),
                             "used_bytes": int(used) * MIB if used.isdigit() else None, "ours": False,
                         })

@@ -31,6 +31,8 @@ KNOWN_FACTS: tuple[str, ...] = (
     "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size",
     # xid
     "xid.count", "xid.numbers", "xid.first", "xid.pci", "xid.pid", "xid.process", "xid.fell_off_bus",
+    # smi
+    "smi.unlisted_bytes", "smi.unlisted_large", "smi.gpu_index", "smi.used_bytes", "smi.total_bytes", "smi.process_count",
     # dist
     "dist.child_failed", "dist.failed_rank", "dist.exit_code", "dist.signal", "dist.timeout_count",
     "dist.timeout_ranks", "dist.first_timeout_rank", "dist.timeout_ms", "dist.ranks", "dist.nccl_error_count",

@@ -16,6 +16,7 @@ from loradoctor.logs.facts.oom import OomExtractor, RawPosition
 from loradoctor.logs.facts.tables import ERRORISH_WORDS
 from loradoctor.logs.facts.config import ConfigExtractor
 from loradoctor.logs.facts.trace import TraceExtractor
+from loradoctor.logs.facts.smi import SmiExtractor
 from loradoctor.logs.facts.xid import XidExtractor
 
 # lines the collector keeps for the "nothing recognised" tail (is_errorish), beyond the extractors' words
@@ -83,10 +84,11 @@ class FactCollector(Sink):
         self.dist = DistExtractor(self)
         self.host = HostExtractor(self)
         self.config = ConfigExtractor(self)
+        self.smi = SmiExtractor(self)
         # the feeding order: the OOM extractor reads the traceback's frames before the trace
         # extractor takes the line, and the metric records before it
         self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
-                                                  self.dist, self.host, self.config)
+                                                  self.dist, self.host, self.config, self.smi)
         self.dispatch = Dispatch(e.triggers for e in self.extractors)
 
     @property
@@ -153,10 +155,10 @@ class FactCollector(Sink):
         the world (a rank without a file cannot be called silent)."""
         # open records close first (a pending OOM message takes its step from the records fed so
         # far, before table rows or a wandb summary are replayed as records)
-        for extractor in (self.oom, self.memsum, self.dist, self.metrics):
+        for extractor in (self.oom, self.memsum, self.dist, self.metrics, self.smi):
             extractor.close()
         v = self.values
-        for extractor in (self.oom, self.memsum, self.trace, self.metrics, self.xid, self.dist):
+        for extractor in (self.oom, self.memsum, self.trace, self.metrics, self.xid, self.dist, self.smi):
             extractor.publish(v)
         items = list(inputs) if inputs is not None else []
         rank_files = {item.rank for item in items if item.rank is not None}
@@ -174,7 +176,7 @@ class FactCollector(Sink):
 
 def trigger_literals(extractors: tuple[type[Extractor], ...] = (
         OomExtractor, MetricsExtractor, MemsumExtractor, TraceExtractor, XidExtractor, DistExtractor,
-        HostExtractor, ConfigExtractor)) -> TriggerLiterals:
+        HostExtractor, ConfigExtractor, SmiExtractor)) -> TriggerLiterals:
     """Every extractor's trigger literals, and the tail's: the engine's prefilter adds them."""
     out: list[tuple[str, bool]] = []
     for extractor in extractors:

@@ -1,0 +1,89 @@
+"""smi: an `nvidia-smi` table pasted into the log (facts `smi.*`): memory in use on a GPU that no listed
+process accounts for. The table is read by the env importer (env/snapshot.py) and measured by
+env/facts.unlisted_bytes, the same code that `env --from` and the live env check use."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from loradoctor.lazyre import lazy_re
+from loradoctor.logs.facts.common import Extractor, Sink
+
+_HEADER_RE = lazy_re(r"NVIDIA-SMI\s.*Driver Version")  # the table's first row
+
+MAX_TABLE_LINES = 120  # a table of 8 GPUs and a few dozen processes; more is not a table
+
+
+def _table_line(text: str) -> bool:
+    return text.strip().startswith(("|", "+"))
+
+
+class SmiExtractor(Extractor):
+    """From a `NVIDIA-SMI ... Driver Version` header line, the table's lines until the first line that is
+    not part of it; each table is read when it ends. Of all tables in the input, the GPU with the most
+    memory that no listed process holds is kept (its memory row is the evidence). The engine hands over
+    only lines holding a trigger: the rows the importer reads all hold one (the GPU row its bus id, the
+    memory row and the process rows `MiB`, or their `N/A  N/A` columns), the borders none; so the table
+    ends at the first line handed over that is not a table row."""
+
+    TRIGGERS = (("NVIDIA-SMI", False), ("MiB", False), ("0000:", False), ("Processes:", False),
+                ("No running processes found", False),
+                ("N/A  N/A", False))  # a process row whose memory is N/A (Windows): its GI / CI columns
+
+    def __init__(self, sink: Sink) -> None:
+        super().__init__(sink)
+        self._lines: Optional[list] = None  # the open table's lines
+        self._best: Optional[tuple] = None  # (unlisted, gpu index, used, total, evidence, listed, large)
+
+    @property
+    def open(self) -> bool:
+        return self._lines is not None
+
+    def feed(self, line: Any) -> bool:
+        text = line.text
+        header = "NVIDIA-SMI" in text and _HEADER_RE.search(text) is not None
+        if self._lines is None:
+            if header:
+                self._lines = [line]
+                return True
+            return False
+        if header:  # the next table starts
+            self.close()
+            self._lines = [line]
+            return True
+        if not _table_line(text):
+            self.close()
+            return False
+        self._lines.append(line)
+        if len(self._lines) >= MAX_TABLE_LINES:
+            self.close()
+        return True
+
+    def close(self) -> None:
+        lines, self._lines = self._lines, None
+        if not lines:
+            return
+        from loradoctor.env.facts import unlisted_bytes, unlisted_is_large
+        from loradoctor.env.snapshot import import_nvidia_smi_table
+
+        nvidia = import_nvidia_smi_table("\n".join(ln.text.strip() for ln in lines)).get("nvidia") or {}
+        for gpu in nvidia.get("gpus") or []:
+            unlisted = unlisted_bytes(gpu)
+            if unlisted is None or (self._best is not None and unlisted <= self._best[0]):
+                continue
+            used = gpu["memory_used_bytes"]
+            mib = f"{used >> 20}MiB /"
+            row = next((ln for ln in lines if mib in ln.text), None)
+            empty = next((ln for ln in lines if "No running processes found" in ln.text), None)
+            total = gpu.get("memory_total_bytes") or 0
+            self._best = (unlisted, gpu.get("index", 0), used, total, [ln for ln in (row, empty) if ln is not None],
+                          len(gpu.get("processes") or []), unlisted_is_large(unlisted, total))
+
+    def publish(self, values: dict[str, Any]) -> None:
+        if self._best is None:
+            return
+        unlisted, index, used, total, evidence, listed, large = self._best
+        for line in evidence:
+            self.sink._evidence("smi", line)
+        values.update({"smi.unlisted_bytes": unlisted, "smi.unlisted_large": large, "smi.gpu_index": index,
+                       "smi.used_bytes": used, "smi.total_bytes": total or None, "smi.process_count": listed})
