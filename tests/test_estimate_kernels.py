@@ -136,6 +136,21 @@ def test_peft_method_parameters():
     assert peft_params(ia3)[0] == 32 * (KV + KV + I)  # down_proj scales its input
 
 
+def test_ia3_feedforward_modules_scale_their_input():
+    # PEFT's IA3 on a feed-forward module multiplies the module's input (cast to the fp32 vector) before the frozen
+    # linear: an in-wide vector, and the fp32 input kept for the vector's gradient; any other target scales its
+    # output (an out-wide vector, 4 bytes per output feature kept, as the default down_proj-only setting does)
+    mlp = ("gate_proj", "up_proj", "down_proj")
+    default = inputs(targets=mlp, peft="ia3")
+    ff = inputs(targets=mlp, peft="ia3", ia3_feedforward=mlp)
+    assert peft_params(default)[0] == 32 * (I + I + I)  # gate/up out-wide (I), down_proj in-wide (I)
+    assert peft_params(ff)[0] == 32 * (H + H + I)  # gate/up in-wide (h), down_proj in-wide (I)
+    assert layer_activation_parts(default)["lora"] == 4 * (I + I + I)
+    assert layer_activation_parts(ff)["lora"] == 4 * (H + H + I)
+    # spellings of the modules are read as elsewhere (w1 = gate_proj, fused gate_up_proj = gate + up)
+    assert peft_params(inputs(targets=mlp, peft="ia3", ia3_feedforward=("gate_up_proj", "w2")))[0] == 32 * (H + H + I)
+
+
 def test_dora_keeps_out_wide_results_and_a_weight_norm_temporary():
     lora = layer_activation_parts(inputs(targets=("q_proj",)))["lora"]
     dora = layer_activation_parts(inputs(targets=("q_proj",), peft="dora"))["lora"]

@@ -104,6 +104,9 @@ class EstimateInputs:
     # allocated twice with overlap_comm (None: DeepSpeed's default, which is off below ZeRO-3)
     reduce_bucket_size: Optional[int] = None
     overlap_comm: Optional[bool] = None
+    # IA3's feed-forward modules (IA3Config.feedforward_modules): their vector scales the input (in-wide), the others'
+    # scales the output. None: PEFT's default for Llama-family models, down_proj
+    ia3_feedforward: Optional[tuple[str, ...]] = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -306,16 +309,23 @@ def lora_params(arch: Arch, targets: tuple[str, ...], rank: int) -> int:
     return sum(copies * rank * (fin + fout) for _, fin, fout, copies in lora_modules(arch, targets))
 
 
+def ia3_is_feedforward(inp: EstimateInputs, name: str) -> bool:
+    """Whether IA3 treats this target as a feed-forward module (PEFT: its vector multiplies the module's input, cast
+    to the vector's dtype, before the base layer; otherwise it multiplies the base layer's output)."""
+    ff = inp.ia3_feedforward if inp.ia3_feedforward is not None else ("down_proj",)
+    return name in {leaf for m in ff for leaf in normalize_module(m)}
+
+
 def peft_params(inp: EstimateInputs) -> tuple[int, list[tuple[int, int]]]:
     """(trainable parameters, their matrices for factored optimizers) of the PEFT method. LoRA / rsLoRA (same
     shapes; rsLoRA changes the scaling only): r x (in + out) per target. DoRA: + a magnitude vector (out) per
     target. AdaLoRA: A, B and the singular values E (r) per target, at its initial rank. IA3: one vector per
-    target, out-wide (in-wide on feed-forward modules, down_proj)."""
+    target, out-wide (in-wide on feed-forward modules: ia3_feedforward, by default down_proj)."""
     arch = inp.arch
     mods = lora_modules(arch, inp.targets)
     matrices: list[tuple[int, int]] = []
     if inp.peft == "ia3":
-        n = sum(copies * (fin if name == "down_proj" else fout) for name, fin, fout, copies in mods)
+        n = sum(copies * (fin if ia3_is_feedforward(inp, name) else fout) for name, fin, fout, copies in mods)
         return n, [(1, n)]
     n = lora_params(arch, inp.targets, inp.rank)
     for _, fin, fout, copies in mods:
@@ -474,11 +484,12 @@ def _peft_module_saved(inp: EstimateInputs, name: str, fin: int, fout: int) -> f
     """Bytes per token one adapted linear keeps for its adapter (PEFT). LoRA/rsLoRA/AdaLoRA: the (dropped-out,
     dtype-cast) input lora_A multiplies and the rank-r intermediate lora_B multiplies. DoRA adds the base
     output and the lora result that the magnitude scaling multiplies (out-wide). IA3 scales the output (k/v:
-    the output cast to the fp32 vector's dtype is kept) or, on feed-forward modules (down_proj), the input."""
+    the output cast to the fp32 vector's dtype is kept) or, on feed-forward modules (ia3_feedforward, by default
+    down_proj), the input cast to the vector's dtype."""
     c = _lora_compute_bytes(inp)
     if inp.peft == "ia3":
         t = trainable_bytes(inp)
-        return t * (fin if name == "down_proj" else fout)
+        return t * (fin if ia3_is_feedforward(inp, name) else fout)
     saved = _lora_saved_per_input(inp, fin) + c * inp.rank
     if inp.peft == "dora":
         saved += (_act_bytes(inp) + c) * fout
