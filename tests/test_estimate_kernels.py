@@ -136,6 +136,20 @@ def test_peft_method_parameters():
     assert peft_params(ia3)[0] == 32 * (KV + KV + I)  # down_proj scales its input
 
 
+def test_a_loop_that_keeps_the_output_keeps_the_half_logits():
+    # `outputs = model(**batch); outputs.loss.backward()`: outputs.logits (bf16, tokens x vocab) lives through backward
+    base = inputs(batch=4, seq_len=768)
+    kept = replace(base, keep_logits=True)
+    saved0, transient0 = activation_components(base)
+    saved1, transient1 = activation_components(kept)
+    assert saved1["logits kept by the training loop"] == 2 * 4 * 768 * V
+    assert sum(saved1.values()) - sum(saved0.values()) == 2 * 4 * 768 * V and transient1 == transient0
+    assert estimate(kept).peak_allocated_bytes - estimate(base).peak_allocated_bytes == 2 * 4 * 768 * V
+    # kernels that return no logits in training (or keep them already) are unchanged
+    for loss in ("cce", "liger-flce", "chunked", "fused-ce"):
+        assert activation_components(replace(kept, loss=loss)) == activation_components(replace(base, loss=loss))
+
+
 def test_ia3_feedforward_modules_scale_their_input():
     # PEFT's IA3 on a feed-forward module multiplies the module's input (cast to the fp32 vector) before the frozen
     # linear: an in-wide vector, and the fp32 input kept for the vector's gradient; any other target scales its

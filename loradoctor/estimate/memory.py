@@ -107,6 +107,10 @@ class EstimateInputs:
     # IA3's feed-forward modules (IA3Config.feedforward_modules): their vector scales the input (in-wide), the others'
     # scales the output. None: PEFT's default for Llama-family models, down_proj
     ia3_feedforward: Optional[tuple[str, ...]] = None
+    # the training loop holds the model's output through backward (`outputs = model(**batch)`;
+    # `outputs.loss.backward()`, as PEFT's method-comparison harness does), so its half-precision logits stay
+    # alive; the HF Trainer's compute_loss returns only the loss and they are freed before backward
+    keep_logits: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -710,6 +714,12 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     ce = loss_peak_bytes(kind, chunks, tokens, arch.hidden, arch.vocab, a, stream_bytes(inp)[0],
                          softcap=arch.final_softcap > 0, compiled=inp.torch_compile,
                          half_log_softmax=inp.framework == "litgpt")
+    if inp.keep_logits and kind == "standard":
+        # the returned logits (the lm_head's output, in the activations' dtype) outlive the loss: through the loss
+        # backward (12 bytes per logit above them) and every layer's backward. The other kernels return no logits
+        # in training (CCE, Liger FLCE, Unsloth), or already count them as kept (chunked; fused-ce writes its
+        # gradient into them)
+        saved["logits kept by the training loop"] = int(a * tokens * arch.vocab)
     dq = dequant_buffer_bytes(inp)
     if lm_head_quantized:
         ce += dq  # the lm_head is dequantized again for its backward while the logit gradients are alive
