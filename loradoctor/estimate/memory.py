@@ -871,6 +871,10 @@ def estimate(inp: EstimateInputs) -> Estimate:
     if inp.strategy != "none":
         comps, grads, opt_bytes, step_transient, comm_bytes, shard_n, sharded_compute = _apply_parallel(
             inp, comps, trainable, tb, grads, opt_bytes, step_transient, notes)
+    # FSDP / ZeRO-3 gather a layer's parameters to run it and free them after its backward (the root unit after the
+    # whole backward): alive at the backward peak, not at the optimizer step, which runs on the sharded parameters
+    gathered_key = "gathered layers (all-gather: current + prefetch, one layer's gradient)"
+    gathered = comps.pop(gathered_key, 0)
     comps["workspaces (cuBLAS, attention)"] = WORKSPACE_BYTES
 
     saved, transient = activation_components(inp)
@@ -894,7 +898,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
     # the peak: start of backward (activations + loss) with the gradients still to come, or the optimizer
     # step (all gradients + optimizer temporaries) for full fine-tuning; LoRA grads are small either way.
     step_peak = grads + step_transient
-    backward_peak = act_total + (grads if inp.method != "full" else 0)
+    backward_peak = act_total + (grads if inp.method != "full" else 0) + gathered
     head_grads = int(arch.vocab * arch.hidden * tb) // shard_n
     if inp.method == "full" and not inp.optimizer_in_backward:
         # lm_head / embedding gradients appear at the very start of backward
@@ -904,6 +908,8 @@ def estimate(inp: EstimateInputs) -> Estimate:
         comps[f"optimizer states ({inp.optim})"] = opt_bytes
     # the breakdown lists what is alive at the peak moment, so the components add up to the total
     if backward_peak >= step_peak:
+        if gathered:
+            comps[gathered_key] = gathered
         if inp.method == "full":
             if not inp.optimizer_in_backward:
                 comps["lm_head/embedding gradients"] = head_grads
