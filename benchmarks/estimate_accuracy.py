@@ -229,6 +229,7 @@ def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
                        modules_to_save=tuple(point.get("modules_to_save") or ()),
                        reduce_bucket_size=point.get("reduce_bucket_size"), overlap_comm=point.get("overlap_comm"),
                        liger_kernels=point.get("liger"), keep_logits=point.get("keep_logits"),
+                       double_quant=point.get("double_quant"), upcast_non_quantized=point.get("upcast_non_quantized"),
                        ia3_feedforward=tuple(point["ia3_feedforward"]) if point.get("ia3_feedforward") else None)
 
 
