@@ -163,6 +163,8 @@ def test_ia3_feedforward_modules_scale_their_input():
     assert layer_activation_parts(ff)["lora"] == 4 * (H + H + I)
     # spellings of the modules are read as elsewhere (w1 = gate_proj, fused gate_up_proj = gate + up)
     assert peft_params(inputs(targets=mlp, peft="ia3", ia3_feedforward=("gate_up_proj", "w2")))[0] == 32 * (H + H + I)
+    with pytest.raises(UserError):  # PEFT: feedforward_modules must be a subset of target_modules
+        inputs(targets=("k_proj", "v_proj"), peft="ia3", ia3_feedforward=("down_proj",))
 
 
 def test_dora_keeps_out_wide_results_and_a_weight_norm_temporary():

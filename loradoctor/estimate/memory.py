@@ -234,6 +234,12 @@ def validate(inp: EstimateInputs) -> EstimateInputs:
         # litgpt (2023-2024) converts tied checkpoints into a separate lm_head copy
         inp = replace(inp, arch=replace(inp.arch, tied=False))
     targets = resolve_targets(inp.arch, inp.targets) if inp.method != "full" else tuple(inp.targets)
+    if inp.ia3_feedforward is not None:
+        ff = tuple(dict.fromkeys(leaf for m in inp.ia3_feedforward for leaf in normalize_module(m)))
+        if inp.peft == "ia3" and inp.method != "full" and not set(ff) <= set(targets):
+            # PEFT's IA3Config: "feedforward_modules should be a subset of target_modules"
+            raise UserError(f"--ia3-feedforward {','.join(ff)} must be among the targets ({','.join(targets)})")
+        inp = replace(inp, ia3_feedforward=ff)
     return replace(inp, quant=quant, targets=targets, optim=normalize_optim(inp.optim))
 
 
