@@ -3,8 +3,8 @@
     python benchmarks/estimate_accuracy.py [TRUTH.yaml ...] [--json] [--no-speed]
 
 Without a TRUTH file it reads both sets: benchmarks/data/dev_truth.yaml and benchmarks/data/public_truth.yaml.
-Errors are reported per framework group (hf, unsloth, axolotl+cce, litgpt, torchtune, and cce-kernel for loss
-kernels measured alone). LORADOCTOR_BENCH_ROOT=/path/to/another/checkout evaluates that checkout's model on the
+Errors are reported per group (hf, unsloth, axolotl+cce, litgpt, torchtune, cce-kernel for loss kernels
+measured alone; a public point may name its own: hf-multi-gpu, peft-methods, liger). LORADOCTOR_BENCH_ROOT=/path/to/another/checkout evaluates that checkout's model on the
 same points (inputs it does not know are dropped: how that version would describe the run).
 
 TRUTH defaults to benchmarks/data/dev_truth.yaml (litgpt and torchtune tables). For each point the
@@ -227,7 +227,10 @@ def public_inputs(point: dict[str, Any], seq_len: int = 2048) -> EstimateInputs:
                        alpha=point.get("alpha"), dropout=point.get("dropout"),
                        gpus=point.get("gpus"), strategy=point.get("strategy"), offload=point.get("offload"),
                        modules_to_save=tuple(point.get("modules_to_save") or ()),
-                       reduce_bucket_size=point.get("reduce_bucket_size"), overlap_comm=point.get("overlap_comm"))
+                       reduce_bucket_size=point.get("reduce_bucket_size"), overlap_comm=point.get("overlap_comm"),
+                       liger_kernels=point.get("liger"), keep_logits=point.get("keep_logits"),
+                       double_quant=point.get("double_quant"), upcast_non_quantized=point.get("upcast_non_quantized"),
+                       ia3_feedforward=tuple(point["ia3_feedforward"]) if point.get("ia3_feedforward") else None)
 
 
 def evaluate_max_context(point: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +260,9 @@ def evaluate_run(point: dict[str, Any]) -> dict[str, Any]:
         inp = replace(inp, targets=())
     est = estimate(inp)
     pred = est.metric(point.get("metric", "allocated"))
-    # exact bytes, or a published number in its unit (GB = 1e9, GiB = 2**30)
-    measured = point.get("measured_bytes") or point["measured_value"] * (2**30 if point.get("unit") == "GiB" else 1e9)
+    # exact bytes, or a published number in its unit (GB = 1e9, GiB = 2**30, MiB = 2**20)
+    unit = {"GiB": 2**30, "MiB": 2**20}.get(str(point.get("unit")), 1e9)
+    measured = point.get("measured_bytes") or point["measured_value"] * unit
     # a table that adds up the memory of every GPU of a run (summed_over_gpus: N): the per-GPU mean is compared
     measured /= int(point.get("summed_over_gpus") or 1)
     row: dict[str, Any] = {"id": point["id"], "group": point.get("group") or framework_group(inp),

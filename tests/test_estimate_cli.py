@@ -48,6 +48,23 @@ def test_estimate_json_document():
     assert doc["provenance"]["seq_len"] == "command line" and doc["provenance"]["rank"] == "default"
 
 
+def test_estimate_ia3_feedforward_and_keep_logits_options():
+    args = ("estimate", "--model", "meta-llama/Llama-3.2-3B", "--peft", "ia3", "--targets", "all-linear",
+            "--batch", "4", "--seq-len", "768", "--precision", "bf16-no-autocast", "--format", "json")
+    plain = json.loads(run_cli(*args).stdout)
+    out = run_cli(*args, "--ia3-feedforward", "gate_proj,up_proj,down_proj", "--keep-logits")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["inputs"]["ia3_feedforward"] == ["gate_proj", "up_proj", "down_proj"] and doc["inputs"]["keep_logits"]
+    # PEFT's method comparison reports 630,784 trainable parameters for this IA3 (Llama-3.2-3B: 28 layers,
+    # q 3072 + k 1024 + v 1024 + o 3072 out-wide, gate/up 3072 + down 8192 in-wide)
+    assert doc["trainable_params"] == 28 * (3072 + 1024 + 1024 + 3072 + 3072 + 3072 + 8192) == 630_784
+    assert plain["trainable_params"] == 28 * (3072 + 1024 + 1024 + 3072 + 8192 + 8192 + 8192)
+    assert doc["components"]["logits kept by the training loop"] == 2 * 4 * 768 * 128256
+    bad = run_cli(*args[:-2], "--ia3-feedforward", "lm_head")
+    assert bad.returncode == 2 and "must be among the targets" in bad.stderr
+
+
 def test_estimate_text_does_not_fit_exits_1_with_advice(fixtures_dir):
     out = run_cli("estimate", "--config", str(fixtures_dir / "configs" / "hf_checkpoint"), "--batch", "16",
                   "--no-gradient-checkpointing", "--precision", "fp16", "--gpu", "T4")

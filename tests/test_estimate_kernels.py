@@ -136,6 +136,37 @@ def test_peft_method_parameters():
     assert peft_params(ia3)[0] == 32 * (KV + KV + I)  # down_proj scales its input
 
 
+def test_a_loop_that_keeps_the_output_keeps_the_half_logits():
+    # `outputs = model(**batch); outputs.loss.backward()`: outputs.logits (bf16, tokens x vocab) lives through backward
+    base = inputs(batch=4, seq_len=768)
+    kept = replace(base, keep_logits=True)
+    saved0, transient0 = activation_components(base)
+    saved1, transient1 = activation_components(kept)
+    assert saved1["logits kept by the training loop"] == 2 * 4 * 768 * V
+    assert sum(saved1.values()) - sum(saved0.values()) == 2 * 4 * 768 * V and transient1 == transient0
+    assert estimate(kept).peak_allocated_bytes - estimate(base).peak_allocated_bytes == 2 * 4 * 768 * V
+    # kernels that return no logits in training (or keep them already) are unchanged
+    for loss in ("cce", "liger-flce", "chunked", "fused-ce"):
+        assert activation_components(replace(kept, loss=loss)) == activation_components(replace(base, loss=loss))
+
+
+def test_ia3_feedforward_modules_scale_their_input():
+    # PEFT's IA3 on a feed-forward module multiplies the module's input (cast to the fp32 vector) before the frozen
+    # linear: an in-wide vector, and the fp32 input kept for the vector's gradient; any other target scales its
+    # output (an out-wide vector, 4 bytes per output feature kept, as the default down_proj-only setting does)
+    mlp = ("gate_proj", "up_proj", "down_proj")
+    default = inputs(targets=mlp, peft="ia3")
+    ff = inputs(targets=mlp, peft="ia3", ia3_feedforward=mlp)
+    assert peft_params(default)[0] == 32 * (I + I + I)  # gate/up out-wide (I), down_proj in-wide (I)
+    assert peft_params(ff)[0] == 32 * (H + H + I)  # gate/up in-wide (h), down_proj in-wide (I)
+    assert layer_activation_parts(default)["lora"] == 4 * (I + I + I)
+    assert layer_activation_parts(ff)["lora"] == 4 * (H + H + I)
+    # spellings of the modules are read as elsewhere (w1 = gate_proj, fused gate_up_proj = gate + up)
+    assert peft_params(inputs(targets=mlp, peft="ia3", ia3_feedforward=("gate_up_proj", "w2")))[0] == 32 * (H + H + I)
+    with pytest.raises(UserError):  # PEFT: feedforward_modules must be a subset of target_modules
+        inputs(targets=("k_proj", "v_proj"), peft="ia3", ia3_feedforward=("down_proj",))
+
+
 def test_dora_keeps_out_wide_results_and_a_weight_norm_temporary():
     lora = layer_activation_parts(inputs(targets=("q_proj",)))["lora"]
     dora = layer_activation_parts(inputs(targets=("q_proj",), peft="dora"))["lora"]
@@ -209,6 +240,22 @@ def test_deepspeed_estimator_anchor():
                                   gradient_checkpointing=True))
     states = sum(v for k, v in est.components.items() if k.startswith(("base weights", "optimizer states", "gathered")))
     assert states >= 16 * p // 8
+
+
+def test_fsdp_optimizer_step_runs_on_sharded_parameters_only():
+    # after backward FSDP has resharded every unit: at the optimizer step only the shards live. Full fine-tuning of
+    # Llama-3.1-8B under bf16 mixed precision on 4 GPUs, CCE loss, 256 tokens: the step is the peak, with
+    # fp32 weights 4P/4 + AdamW states 8P/4 + fp32 gradients 4P/4 + foreach AdamW's temporary 4P/4 + 64 MiB workspace
+    p = LLAMA31.total_params()
+    est = estimate(EstimateInputs(arch=LLAMA31, method="full", targets=(), seq_len=256, gradient_checkpointing=True,
+                                  gpus=4, strategy="fsdp", loss="cce"))
+    key = "gathered layers (all-gather: current + prefetch, one layer's gradient)"
+    assert "optimizer step temporaries" in est.components and key not in est.components
+    assert est.peak_allocated_bytes == 20 * p // 4 + (64 << 20)
+    # at the backward peak the gathered layers are alive: two bf16 layers + one fp32 layer gradient
+    lora = estimate(EstimateInputs(arch=LLAMA31, seq_len=2048, gpus=4, strategy="fsdp"))
+    layer = LLAMA31.layer_params()
+    assert lora.components[key] == 2 * 2 * layer + 4 * lora.trainable_params // 32
 
 
 def test_more_gpus_lower_the_per_gpu_peak_only_when_sharded():

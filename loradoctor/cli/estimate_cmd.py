@@ -41,6 +41,8 @@ RUN_OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
     ("liger_kernels", ("--liger",), dict(action=argparse.BooleanOptionalAction, help="Liger's RMSNorm / SwiGLU / RoPE kernels in the HF model")),
     ("offload_checkpoints", ("--offload-checkpoints",), dict(action=argparse.BooleanOptionalAction, help="checkpointed hidden states in host memory (Unsloth's default with checkpointing)")),
     ("peft", ("--peft",), dict(help="lora (default) | rslora | dora | ia3 | adalora")),
+    ("ia3_feedforward", ("--ia3-feedforward",), dict(metavar="LIST", help="IA3's feed-forward modules (IA3Config.feedforward_modules; default down_proj): their vector scales the input")),
+    ("keep_logits", ("--keep-logits",), dict(action=argparse.BooleanOptionalAction, help="the training loop keeps the model output through backward (outputs = model(...); outputs.loss.backward()): its half logits stay alive (the HF Trainer frees them)")),
     ("gpus", ("--gpus",), dict(type=int, help="GPUs the run uses (default 1); the estimate is per GPU")),
     ("strategy", ("--strategy",), dict(help="ddp | fsdp | fsdp-hybrid | zero2 | zero3 (default ddp with --gpus > 1)")),
     ("offload", ("--offload",), dict(help="none | optimizer | params: ZeRO / FSDP CPU offload")),

@@ -104,6 +104,13 @@ class EstimateInputs:
     # allocated twice with overlap_comm (None: DeepSpeed's default, which is off below ZeRO-3)
     reduce_bucket_size: Optional[int] = None
     overlap_comm: Optional[bool] = None
+    # IA3's feed-forward modules (IA3Config.feedforward_modules): their vector scales the input (in-wide), the others'
+    # scales the output. None: PEFT's default for Llama-family models, down_proj
+    ia3_feedforward: Optional[tuple[str, ...]] = None
+    # the training loop holds the model's output through backward (`outputs = model(**batch)`;
+    # `outputs.loss.backward()`, as PEFT's method-comparison harness does), so its half-precision logits stay
+    # alive; the HF Trainer's compute_loss returns only the loss and they are freed before backward
+    keep_logits: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -227,6 +234,12 @@ def validate(inp: EstimateInputs) -> EstimateInputs:
         # litgpt (2023-2024) converts tied checkpoints into a separate lm_head copy
         inp = replace(inp, arch=replace(inp.arch, tied=False))
     targets = resolve_targets(inp.arch, inp.targets) if inp.method != "full" else tuple(inp.targets)
+    if inp.ia3_feedforward is not None:
+        ff = tuple(dict.fromkeys(leaf for m in inp.ia3_feedforward for leaf in normalize_module(m)))
+        if inp.peft == "ia3" and inp.method != "full" and not set(ff) <= set(targets):
+            # PEFT's IA3Config: "feedforward_modules should be a subset of target_modules"
+            raise UserError(f"--ia3-feedforward {','.join(ff)} must be among the targets ({','.join(targets)})")
+        inp = replace(inp, ia3_feedforward=ff)
     return replace(inp, quant=quant, targets=targets, optim=normalize_optim(inp.optim))
 
 
@@ -306,16 +319,23 @@ def lora_params(arch: Arch, targets: tuple[str, ...], rank: int) -> int:
     return sum(copies * rank * (fin + fout) for _, fin, fout, copies in lora_modules(arch, targets))
 
 
+def ia3_is_feedforward(inp: EstimateInputs, name: str) -> bool:
+    """Whether IA3 treats this target as a feed-forward module (PEFT: its vector multiplies the module's input, cast
+    to the vector's dtype, before the base layer; otherwise it multiplies the base layer's output)."""
+    ff = inp.ia3_feedforward if inp.ia3_feedforward is not None else ("down_proj",)
+    return name in {leaf for m in ff for leaf in normalize_module(m)}
+
+
 def peft_params(inp: EstimateInputs) -> tuple[int, list[tuple[int, int]]]:
     """(trainable parameters, their matrices for factored optimizers) of the PEFT method. LoRA / rsLoRA (same
     shapes; rsLoRA changes the scaling only): r x (in + out) per target. DoRA: + a magnitude vector (out) per
     target. AdaLoRA: A, B and the singular values E (r) per target, at its initial rank. IA3: one vector per
-    target, out-wide (in-wide on feed-forward modules, down_proj)."""
+    target, out-wide (in-wide on feed-forward modules: ia3_feedforward, by default down_proj)."""
     arch = inp.arch
     mods = lora_modules(arch, inp.targets)
     matrices: list[tuple[int, int]] = []
     if inp.peft == "ia3":
-        n = sum(copies * (fin if name == "down_proj" else fout) for name, fin, fout, copies in mods)
+        n = sum(copies * (fin if ia3_is_feedforward(inp, name) else fout) for name, fin, fout, copies in mods)
         return n, [(1, n)]
     n = lora_params(arch, inp.targets, inp.rank)
     for _, fin, fout, copies in mods:
@@ -474,11 +494,12 @@ def _peft_module_saved(inp: EstimateInputs, name: str, fin: int, fout: int) -> f
     """Bytes per token one adapted linear keeps for its adapter (PEFT). LoRA/rsLoRA/AdaLoRA: the (dropped-out,
     dtype-cast) input lora_A multiplies and the rank-r intermediate lora_B multiplies. DoRA adds the base
     output and the lora result that the magnitude scaling multiplies (out-wide). IA3 scales the output (k/v:
-    the output cast to the fp32 vector's dtype is kept) or, on feed-forward modules (down_proj), the input."""
+    the output cast to the fp32 vector's dtype is kept) or, on feed-forward modules (ia3_feedforward, by default
+    down_proj), the input cast to the vector's dtype."""
     c = _lora_compute_bytes(inp)
     if inp.peft == "ia3":
         t = trainable_bytes(inp)
-        return t * (fin if name == "down_proj" else fout)
+        return t * (fin if ia3_is_feedforward(inp, name) else fout)
     saved = _lora_saved_per_input(inp, fin) + c * inp.rank
     if inp.peft == "dora":
         saved += (_act_bytes(inp) + c) * fout
@@ -699,6 +720,12 @@ def activation_components(inp: EstimateInputs) -> tuple[dict[str, int], dict[str
     ce = loss_peak_bytes(kind, chunks, tokens, arch.hidden, arch.vocab, a, stream_bytes(inp)[0],
                          softcap=arch.final_softcap > 0, compiled=inp.torch_compile,
                          half_log_softmax=inp.framework == "litgpt")
+    if inp.keep_logits and kind == "standard":
+        # the returned logits (the lm_head's output, in the activations' dtype) outlive the loss: through the loss
+        # backward (12 bytes per logit above them) and every layer's backward. The other kernels return no logits
+        # in training (CCE, Liger FLCE, Unsloth), or already count them as kept (chunked; fused-ce writes its
+        # gradient into them)
+        saved["logits kept by the training loop"] = int(a * tokens * arch.vocab)
     dq = dequant_buffer_bytes(inp)
     if lm_head_quantized:
         ce += dq  # the lm_head is dequantized again for its backward while the logit gradients are alive
@@ -850,6 +877,10 @@ def estimate(inp: EstimateInputs) -> Estimate:
     if inp.strategy != "none":
         comps, grads, opt_bytes, step_transient, comm_bytes, shard_n, sharded_compute = _apply_parallel(
             inp, comps, trainable, tb, grads, opt_bytes, step_transient, notes)
+    # FSDP / ZeRO-3 gather a layer's parameters to run it and free them after its backward (the root unit after the
+    # whole backward): alive at the backward peak, not at the optimizer step, which runs on the sharded parameters
+    gathered_key = "gathered layers (all-gather: current + prefetch, one layer's gradient)"
+    gathered = comps.pop(gathered_key, 0)
     comps["workspaces (cuBLAS, attention)"] = WORKSPACE_BYTES
 
     saved, transient = activation_components(inp)
@@ -873,7 +904,7 @@ def estimate(inp: EstimateInputs) -> Estimate:
     # the peak: start of backward (activations + loss) with the gradients still to come, or the optimizer
     # step (all gradients + optimizer temporaries) for full fine-tuning; LoRA grads are small either way.
     step_peak = grads + step_transient
-    backward_peak = act_total + (grads if inp.method != "full" else 0)
+    backward_peak = act_total + (grads if inp.method != "full" else 0) + gathered
     head_grads = int(arch.vocab * arch.hidden * tb) // shard_n
     if inp.method == "full" and not inp.optimizer_in_backward:
         # lm_head / embedding gradients appear at the very start of backward
@@ -883,6 +914,8 @@ def estimate(inp: EstimateInputs) -> Estimate:
         comps[f"optimizer states ({inp.optim})"] = opt_bytes
     # the breakdown lists what is alive at the peak moment, so the components add up to the total
     if backward_peak >= step_peak:
+        if gathered:
+            comps[gathered_key] = gathered
         if inp.method == "full":
             if not inp.optimizer_in_backward:
                 comps["lm_head/embedding gradients"] = head_grads
