@@ -429,6 +429,25 @@ def _print(result: dict[str, Any]) -> None:
     print()
 
 
+# the framework groups issue 13 asks the accuracy of, each with the truth-file groups it is made of
+ISSUE_GROUPS = {"hf": ["hf", "hf-multi-gpu", "peft-methods", "liger"], "unsloth": ["unsloth"],
+                "axolotl+cce": ["axolotl-cce"], "litgpt": ["litgpt"], "torchtune": ["torchtune"]}
+
+
+def _print_issue_groups(results: list[dict]) -> None:
+    """One line over every truth file: the issue's groups, a group without a measured point named as such."""
+    parts = []
+    for name, members in ISSUE_GROUPS.items():
+        errors = [abs(r["error"]) for res in results for r in res["points"] if r["group"] in members and "error" in r]
+        if not errors:
+            parts.append(f"{name}: no measured point")
+            continue
+        summary = _summary(errors)
+        parts.append(f"{name} n={len(errors)} {summary['median']:.1%} / {summary['p90']:.1%}")
+    print("issue 13 groups, all truth files (n, median |error|, p90 |error|): " + "; ".join(parts))
+    print()
+
+
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
     args = [a for a in argv if not a.startswith("--")]
@@ -442,6 +461,7 @@ def main(argv: list[str]) -> int:
         return 0
     for result in results:
         _print(result)
+    _print_issue_groups(results)
     if "speed" in out:
         s = out["speed"]
         print(f"speed (min of runs): estimate {s['estimate_min_s']:.3f}s, bare python {s['bare_python_min_s']:.3f}s, "
