@@ -112,5 +112,14 @@ def run_main(main):
     emit("ERROR", "the repro ended without a verdict")
 
 
+def cuda_gpu():
+    """What a repro of a GPU feature starts with: a driver (else SKIP at once), torch (SKIP / FAIL), a CUDA
+    device (SKIP). Returns (torch, device, (major, minor) compute capability, device name)."""
+    need_gpu_driver()
+    torch = import_torch()
+    device = need_cuda(torch)
+    return torch, device, torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device)
+
+
 __all__ = ["json", "os", "sys", "time", "traceback", "T0", "RID", "OPTIONS", "emit", "opt_bool", "exc_line",
-           "import_torch", "import_bnb", "pick_device", "need_cuda", "need_gpu_driver", "run_main"]
+           "import_torch", "import_bnb", "pick_device", "need_cuda", "need_gpu_driver", "cuda_gpu", "run_main"]

@@ -12,11 +12,7 @@ from _harness import *  # noqa: F401,F403
 
 
 def main():
-    need_gpu_driver()
-    torch = import_torch()
-    device = need_cuda(torch)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    torch, device, (major, minor), name = cuda_gpu()
     numbers = {"gpu": name, "compute_capability": f"{major}.{minor}"}
     bnb, import_noise = import_bnb(numbers)
     compute_dtype = torch.bfloat16 if major >= 8 else torch.float16

@@ -13,11 +13,7 @@ from _harness import *  # noqa: F401,F403
 
 
 def main():
-    need_gpu_driver()
-    torch = import_torch()
-    device = need_cuda(torch)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    torch, device, (major, minor), name = cuda_gpu()
     dtype_name = str(OPTIONS.get("dtype") or ("bf16" if major >= 8 else "fp16")).lower()
     dtypes = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
               "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}

@@ -34,11 +34,7 @@ def backend_context(torch, name):
 
 
 def main():
-    need_gpu_driver()
-    torch = import_torch()
-    device = need_cuda(torch)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    torch, device, (major, minor), name = cuda_gpu()
     dtype_name = str(OPTIONS.get("dtype") or ("bf16" if major >= 8 else "fp16")).lower()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype_name)
     if dtype is None:
