@@ -307,3 +307,23 @@ def test_ranking_reasons_in_words(why, said):
     from loradoctor.render.text import plain_why
 
     assert plain_why(why) == said
+
+
+def test_startup_done_restores_the_collector_thresholds_once():
+    import gc
+
+    import loradoctor.cli as cli
+
+    before = gc.get_threshold()
+    try:
+        cli._gc_saved = before
+        gc.set_threshold(cli.STARTUP_GC_THRESHOLD, *before[1:])
+        cli.startup_done()
+        assert gc.get_threshold() == before and cli._gc_saved is None
+        gc.set_threshold(12345, *before[1:])  # not entry()'s: a second call changes nothing
+        cli.startup_done()
+        assert gc.get_threshold()[0] == 12345
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+        cli._gc_saved = None

@@ -89,7 +89,9 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
     rule_dirs = [check_rule_dir(d, "--rules") for d in rules]
     snapshot = load_env_snapshot(env) if env else None
 
+    from loradoctor.cli import startup_done
     from loradoctor.logs.engine import explain as run_explain
+    from loradoctor.logs.rules import load_rules
     from loradoctor.render import explain_view
     from loradoctor.render.output import write_report
 
@@ -98,10 +100,13 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
         if timeline:
             from loradoctor.bedside.report import explain_with_timeline
 
+            startup_done()
             report = explain_with_timeline(list(paths), timeline, extra_rule_dirs=rule_dirs, env=snapshot,
                                            progress=progress)
         else:
-            report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress)
+            rules = load_rules(rule_dirs)
+            startup_done()
+            report = run_explain(list(paths), extra_rule_dirs=rule_dirs, env=snapshot, progress=progress, rules=rules)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         # The reader should raise UserError itself; this keeps a traceback away from the user if not.
         raise UserError(f"cannot read {exc.filename or exc}: {exc.strerror or exc}") from None

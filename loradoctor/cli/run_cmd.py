@@ -66,5 +66,8 @@ def body(opts: dict[str, Any]) -> int:
     if not cmd:
         raise UserError("run: no command given; write it after `--`, e.g. loradoctor run -- python train.py")
     interval = parse_interval(opts.get("interval") or "1s")
+    from loradoctor.cli import startup_done
+
+    startup_done()  # hours of watching ahead: the collector's usual thresholds
     return run(cmd, opts.get("out") or "loradoctor-run", interval, explain=opts.get("explain") or "on-failure").exit_code
 
