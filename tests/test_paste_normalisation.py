@@ -32,6 +32,18 @@ def test_a_lowered_oom_message_gets_its_numbers_read(recaser):
     assert abs(msg.free_bytes - 1.20 * 2**30) < 2 and abs(msg.reserved_unallocated_bytes - 1.90 * 2**30) < 2
 
 
+def test_metric_records_and_bars_say_nothing_about_case():
+    """A Trainer log whose first block is only metric dicts and tqdm bars (no capital letter anywhere) is not
+    a lower-cased paste: its rules keep their case for the whole input."""
+    bar = "  5%|\u258c         | 25/500 [00:10<03:10,  2.49it/s]\r"
+    records = "".join(f"{{'loss': {1 + i / 1000:.4f}, 'grad_norm': 0.5, 'learning_rate': 2e-05, 'epoch': {i / 100:.2f}}}\n"
+                      + bar for i in range(300)).encode()
+    assert not reader.is_lowered(records)
+    assert not reader.is_lowered(b'{"loss": 0.52, "epoch": 1}\n' * 50)
+    assert reader.is_lowered(records + b"runtimeerror: cuda out of memory. tried to allocate 2.00 gib\n")
+    assert reader.is_lowered(b"epoch 1/3: 100%|##########| 500/500 [05:00<00:00, loss=nan]\nkilled\n")
+
+
 def test_recasing_keeps_paths_and_ambiguous_words(recaser):
     text = b'  file "/usr/lib/python3/site-packages/transformers/trainer.py", line 1885, in train\nan error occurred'
     cased = recaser.recase(text).decode()

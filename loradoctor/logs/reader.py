@@ -367,8 +367,19 @@ def straighten_quotes(block: bytes) -> bytes:
 # every such word that no pattern also writes in lower case (`GiB`, `OutOfMemoryError`; not `Error`, which
 # patterns write both ways: the phrases around it decide). Other text stays lower-case.
 def is_lowered(sample: bytes) -> bool:
-    """True when the sample has letters and none of them is upper-case (bytes.islower, in C)."""
-    return sample.islower()
+    """True when the sample's text has letters and none of them is upper-case (bytes.islower, in C), not
+    counting metric records and progress bars: those have no capital in any log, so a Trainer log whose
+    first block holds only them says nothing about case (it was read as lower-cased, and every rule then
+    ignored case for the whole input)."""
+    if not sample.islower():
+        return False
+    return _CASELESS_BAR_RE.sub(b"", _CASELESS_RECORD_RE.sub(b"", sample)).islower()
+
+
+# a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
+# to its closing bracket (`100%|#####| 500/500 [05:00<00:00, 1.66it/s]`); a bar's description stays
+_CASELESS_RECORD_RE = lazy_re(rb"\{['\"][a-z_/]+['\"]: [^{}\r\n]*\}")
+_CASELESS_BAR_RE = lazy_re(rb"\d{1,3}%\|[^|\r\n]{0,400}\|[^\[\r\n]{0,80}\[[^\]\r\n]{0,120}\]")  # bounded: no rescans
 
 
 _ESCAPED_SPACE_RE = lazy_re(r"\\s[+*]?|\\ | \+| \*| \?")
