@@ -929,3 +929,25 @@ def test_validation_image_frames_are_eval():
 
     frames = [("train_network.py", "train"), ("train_util.py", "sample_images"), ("unet.py", "forward")]
     assert location_from_frames(frames) == "eval"
+
+
+_VAL_BAR = "Validation DataLoader 0:  23%|██▎       | 29/125 [00:11<00:37,  2.55it/s]"
+_TRAIN_BAR = "Epoch 1:   3%|▎         | 15/500 [00:12<06:30,  1.24it/s, v_num=3, train_loss=1.380]"
+
+
+@pytest.mark.parametrize("bars, want", [
+    ([_VAL_BAR], "eval"),
+    # catalyst's bar has no bar characters, only the percentage and n/total
+    (["1/20 * Epoch (valid):  14% 9/64 [00:04<00:26,  2.08it/s, loss=0.804]"], "eval"),
+    (["Sanity Checking DataLoader 0:  50%|█████     | 1/2 [00:00<00:00,  2.1it/s]"], "eval"),
+    # a training bar after the validation bar: the next epoch had started
+    ([_VAL_BAR, _TRAIN_BAR], None),
+    # a validation bar at its total: the loop had finished
+    (["Validation DataLoader 0: 100%|██████████| 125/125 [00:48<00:00,  2.58it/s]"], None),
+    ([_TRAIN_BAR], None),
+    ([], None),
+])
+def test_oom_bar_phase_is_the_interrupted_evaluation_bar(tmp_path, bars, want):
+    text = "\n".join(["start"] + bars + ["Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"])
+    facts = explain_text(tmp_path, text + "\n").facts
+    assert facts.get("oom.bar_phase") == want

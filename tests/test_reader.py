@@ -317,6 +317,27 @@ def test_same_width_lines_that_are_not_a_wrap(text):
     assert detect_wrap_width(text.encode()) is None
 
 
+def test_a_wrap_that_falls_on_a_space_is_still_a_wrap(tmp_path):
+    """A console cut just before a space leaves that space at the head of the next line: the line is a
+    continuation all the same (a frame or an indented record has two spaces or more)."""
+    from loradoctor.logs.engine import explain
+    from loradoctor.logs.reader import detect_wrap_width
+
+    line = ('Error running job: [WinError 126] The specified module could not be found. Error loading '
+            '"D:\\train\\venv\\Lib\\site-packages\\torch\\lib\\c10_cuda.dll" or one of its dependencies.')
+    folded = _fold("Running 1 job\n" + line + "\n", 80)
+    assert [len(x) for x in folded.splitlines()][1:3] == [80, 80] and folded.splitlines()[2].startswith(" ")
+    assert detect_wrap_width(folded.encode()) == 80
+    log = tmp_path / "job.log"
+    log.write_text(folded)
+    report = explain([str(log)])
+    assert report.inputs[0]["wrap_width"] == 80
+    assert report.findings and report.findings[0].cause == "env.torch_broken"
+    # two spaces or more: an indented line after a full-width one (a frame, a list), not a wrap
+    indented = ("x" * 79 + "y\n  File \"train.py\", line 3, in <module>\n") * 3
+    assert detect_wrap_width(indented.encode()) is None
+
+
 def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
     """Text glued after a tqdm bar (no newline between them) that reaches the width is wrapped like any line;
     a bar alone padded to the width, or a bar line that ends at a table edge, is not joined."""

@@ -10,7 +10,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "oom.allocated_bytes", "oom.reserved_bytes", "oom.reserved_unallocated_bytes", "oom.private_pool_bytes",
     "oom.allowed_bytes", "oom.this_process_bytes", "oom.other_process_bytes", "oom.other_process_count", "oom.other_pids",
     "oom.other_unaccounted_bytes", "oom.non_pytorch_bytes", "oom.hint", "oom.phase", "oom.step",
-    "oom.step_fraction",
+    "oom.step_fraction", "oom.bar_phase",
     # memsum
     "memsum.count", "memsum.allocated_bytes", "memsum.peak_allocated_bytes", "memsum.reserved_bytes",
     "memsum.peak_reserved_bytes", "memsum.non_releasable_bytes", "memsum.reserved_unallocated_bytes",

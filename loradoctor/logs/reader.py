@@ -551,7 +551,9 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
             continue
         full_lines.add(line)
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if nxt and not nxt[:1].isspace() and \
+        # a wrap that fell just before a space leaves that one space at the head of the next line
+        # (`... could not be found. Error` + ` loading "...\torch\lib\c10.dll"`); an indented line has more
+        if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt)) and \
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
             cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
@@ -565,6 +567,12 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
         if any(not line[-1:].isspace() and crosses(line, nxt) for line, nxt in cut_lines.items()):
             return width
     return None
+
+
+def _one_space_head(line: str, nxt: str) -> bool:
+    """`nxt` starts with exactly one space, then text, after a full-width `line` that ends in text: the
+    continuation of a hard wrap that fell on a space (a frame or a list item is indented deeper)."""
+    return nxt[:1] == " " and not nxt[1:2].isspace() and bool(nxt[1:2]) and not line[-1:].isspace()
 
 
 # str.translate table writing every digit as 0: lines that differ only in numbers compare equal

@@ -287,6 +287,9 @@ class RawPosition(NamedTuple):
     def progress(self) -> Optional[tuple[int, int]]:
         return _last_training_bar(self.view, self.start)
 
+    def bar_phase(self) -> Optional[str]:
+        return _last_bar_phase(self.view, self.start)
+
     def records_before(self) -> int:
         return self.records_before_block + (
             _records_before_line(self.block, self.line_in_block) if self.has_records else 0)
@@ -308,6 +311,30 @@ def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optiona
         if n is not None and total is not None:
             best = (n, total)
     return best
+
+
+# a progress bar of any dialect, with its description: tqdm's `Validation DataLoader 0:  37%|███▋ | 11/30
+# [00:02<00:04,  4.45it/s]`, catalyst's `0/10 * Epoch (valid):   3% 1/32 [00:01<00:46,  1.50s/it, ...]` (no bar)
+_ANY_BAR_RE = lazy_re(rb"(?:^|[\r\n])([^\r\n%]{0,120}?)(\d{1,3})%\s*(?:\|[^|\r\n]{0,400}\|)?\s*(\d+)/(\d+)\s*"
+                      rb"\[[^\]\r\n]{0,80}?(?:it/s|s/it)")
+# descriptions of an evaluation loop's bar (HF `Evaluating`, Lightning `Validation DataLoader 0` / `Validating` /
+# `Sanity Checking DataLoader 0`, catalyst `Epoch (valid)`, `eval`, `Valid (loss 53.34) epoch 1`)
+_EVAL_BAR_DESC_RE = lazy_re(rb"(?i)(?:\b|_)(?:eval\w*|valid\w*|sanity checking)\b")
+
+
+def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[str]:
+    """`eval` when the last progress bar before `end` (any description) is an evaluation loop's, cut
+    short of its total: the OOM interrupted that loop. None otherwise (a training bar, a finished eval
+    bar, no bar)."""
+    last = None
+    for last in _ANY_BAR_RE.finditer(block, max(0, end - window), end):
+        pass
+    if last is None:
+        return None
+    n, total = _bounded_int(last.group(3).decode(), MAX_ID), _bounded_int(last.group(4).decode(), MAX_ID)
+    if n is None or total is None or n >= total:
+        return None
+    return "eval" if _EVAL_BAR_DESC_RE.search(last.group(1)) else None
 
 
 def _records_before_line(block: bytes, line_in_block: int) -> int:
@@ -343,6 +370,7 @@ class OomExtractor(Extractor):
         self._oom_numbered = False  # the numbers of a numbered message are in
         self._oom_pending: Optional[dict] = None  # an OOM line whose sentence may go on next line
         self._located = False  # the first OOM line's position was taken
+        self._bar_located = False  # the bar before the first line that says out of memory was read
 
     @property
     def open(self) -> bool:
@@ -351,9 +379,14 @@ class OomExtractor(Extractor):
     def locate(self, line: Any, position: RawPosition) -> None:
         """The first OOM line of any form (bare ones too) takes the training bar and the metric
         records before it, from where it sits in its block; records after it (a rerun) never count."""
+        text = line.text
+        if not self._bar_located and ("ut of memory" in text or "UT OF MEMORY" in text):
+            # any form, the bare `CUDA error: out of memory` too: the loop whose bar it interrupted
+            self._bar_located = True
+            if position.bar_phase() == "eval":
+                self.sink.values["oom.bar_phase"] = "eval"
         if self._located:
             return
-        text = line.text
         if ("ut of memory" in text or "UT OF MEMORY" in text) and parse_oom_message(text) is not None:
             self._located = True
             bar = position.progress()
