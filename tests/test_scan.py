@@ -118,15 +118,16 @@ def test_matcher_hits_are_digit_blind_only_for_digit_free_literals():
     assert m.hits(xid) == m.hits(xid)
     assert m._blind_cache  # the digit-free verdicts were remembered
     # literals with digits are still tested on the real text: a rule keyed on "79" must not leak
-    digit_targets = {t for lit, tg in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
+    # (_case_digits / _nocase_digits hold (literal, targets, digit-blind literal))
+    digit_targets = {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
     assert digit_targets <= m.hits(xid)
-    assert {t for lit, tg in m._case_digits + m._nocase_digits for t in tg
+    assert {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg
             if lit.lower() in other.lower()} <= m.hits(other)
     full = set()
-    for lit, tg in m._case + m._case_digits:
+    for lit, tg, *_ in m._case + m._case_digits:
         if lit in other:
             full |= tg
-    for lit, tg in m._nocase + m._nocase_digits:
+    for lit, tg, *_ in m._nocase + m._nocase_digits:
         if lit in other.lower():
             full |= tg
     assert m.hits(other) == full

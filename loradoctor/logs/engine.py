@@ -22,6 +22,7 @@ from loradoctor.logs import reader
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, RawPosition, is_errorish)
+from loradoctor.logs.facts.metrics import RecordColumns
 from loradoctor.logs import differential
 from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
@@ -228,8 +229,10 @@ class Matcher:
         digits = {key: _has_digit(key[0]) for key in keys}
         self._case = [(text, targets[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
         self._nocase = [(text, targets[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
-        self._case_digits = [(text, targets[(text, ci)]) for text, ci in keys if not ci and digits[(text, ci)]]
-        self._nocase_digits = [(text, targets[(text, ci)]) for text, ci in keys if ci and digits[(text, ci)]]
+        self._case_digits = [(text, targets[(text, ci)], text.translate(reader.DIGITS_BLIND))
+                             for text, ci in keys if not ci and digits[(text, ci)]]
+        self._nocase_digits = [(text, targets[(text, ci)], text.translate(reader.DIGITS_BLIND))
+                               for text, ci in keys if ci and digits[(text, ci)]]
         self._blind_cache: dict[str, set] = {}
         self.direct = targets
         self.active = set(keys)
@@ -295,13 +298,19 @@ class Matcher:
         blind = text.translate(reader.DIGITS_BLIND)
         cached = self._blind_cache.get(blind)
         if cached is None:
-            cached = _scan_literals(blind, self._case, self._nocase)
+            # a literal with digits can be in the line only where its digit-blind form is in the
+            # digit-blind line: those few are kept with the verdict and tested on the line itself
+            low = blind.lower() if self._nocase_digits else ""
+            cached = (_scan_literals(blind, self._case, self._nocase),
+                      [(lit, tg) for lit, tg, lit_blind in self._case_digits if lit_blind in blind],
+                      [(lit, tg) for lit, tg, lit_blind in self._nocase_digits if lit_blind in low])
             if len(self._blind_cache) >= LINE_CACHE_ENTRIES:
                 self._blind_cache.clear()
             self._blind_cache[blind] = cached
-        if not (self._case_digits or self._nocase_digits):
-            return set(cached)
-        return cached | _scan_literals(text, self._case_digits, self._nocase_digits)
+        found, case, nocase = cached
+        if not (case or nocase):
+            return set(found)
+        return found | _scan_literals(text, case, nocase)
 
 
 def _is_bar_bytes(raw: bytes) -> bool:
@@ -423,13 +432,13 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     continue  # an intermediate progress-bar redraw
                 lineno = base + count + 1 + (bisect_left(joins, seg.line_start) if joins else 0)
                 quote = inert.get(raw)
-                if quote is not None and collector.idle:
+                was_idle = collector.idle
+                if quote is not None and was_idle:
                     # a repeat of a line that changed nothing (a warning printed every step): only
                     # the "error-looking lines" tail wants to know where it was
                     if quote:
                         collector.error_tail.append(Evidence(file=item.path, line=lineno, text=quote))
                     continue
-                was_idle = collector.idle
                 focus = _literal_at(raw, matcher.prefilter) if len(raw) > reader.MAX_LINE_CHARS else 0
                 line = reader.make_line(raw, item.path, lineno, item.rank, focus=focus, input_index=item.index)
                 if line.rank is not None:
@@ -480,7 +489,7 @@ def _split_metric_dicts(block: bytes, pos: int, cut: bool) -> tuple[list, bytes]
     odd = parts[5::6]
     if n and odd.count(None) == n:
         # the JSON body group is absent (None), as in METRIC_DICT_RE.match(...).groups()
-        records = list(zip(parts[1::6], parts[2::6], parts[3::6], parts[4::6], itertools.repeat(None, n)))
+        records = RecordColumns(parts[1::6], parts[2::6], parts[3::6], parts[4::6], [None] * n)
         return records, (b"".join(parts[::6]) if cut else block)
     if n and b'"loss":' not in block:
         # the odd starts cannot be JSON records either (METRIC_DICT_RE's other form): they are

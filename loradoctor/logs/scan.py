@@ -49,6 +49,7 @@ COMMON_BYTE_SHARE = 1 / 100  # no sample: a literal whose rarest byte is this co
 ANCHOR_MAX_SHARE = 1 / 4096
 VERDICT_CACHE_ENTRIES = 4096  # remembered segment verdicts (repeated warning lines are common)
 VERDICT_MAX_BYTES = 2048
+RECENT_HITS = 8  # anchored literals that hit lately, tried first on a fresh segment
 REPLAN_MISSES = 4096  # fresh segment checks per block beyond which the anchors are re-chosen
 DEDUPE_MIN_SAMPLE = 64 << 10  # a sample at least this big: drop the literals that contain others
 
@@ -183,6 +184,7 @@ class Prefilter:
             table[b] = 0
         self._table = bytes(table) if anchor_bytes else None
         self._verdicts: dict[bytes, bool] = {}  # segment bytes -> holds a literal (this plan)
+        self._recent: list[tuple[bytes, bool]] = []  # anchored literals that hit lately, latest first
         self.misses = 0
         self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
         self.anchor_bytes = bytes(sorted(anchor_bytes))
@@ -221,6 +223,7 @@ class Prefilter:
             bfind, brfind = block.find, block.rfind
             by_byte, drop = self._by_byte, self._drop
             verdicts = self._verdicts
+            recent = self._recent
             misses = 0
             pos = find(b"\0")
             # inlined _segment: this loop runs once per anchor byte in the input
@@ -246,21 +249,38 @@ class Prefilter:
                         continue
                     low = None
                     hit = False
-                    # only the literals anchored on the anchor bytes this segment holds
-                    for b in set(text.translate(None, drop)):
-                        for lit, ci in by_byte[b]:
-                            if ci:
-                                if low is None:
-                                    low = text.lower()
-                                if lit in low:
-                                    hit = True
-                                    break
-                            elif lit in text:
+                    # the literals that hit lately first (a log repeats its shapes: every eval
+                    # record holds `loss`), then the literals anchored on the anchor bytes this
+                    # segment holds; the verdict is the same in any order
+                    for lit, ci in recent:
+                        if ci:
+                            if low is None:
+                                low = text.lower()
+                            if lit in low:
                                 hit = True
                                 break
-                        if hit:
-                            found[start] = Segment(line_start, start, end, line_end)
+                        elif lit in text:
+                            hit = True
                             break
+                    else:
+                        for b in set(text.translate(None, drop)):
+                            for key in by_byte[b]:
+                                lit, ci = key
+                                if ci:
+                                    if low is None:
+                                        low = text.lower()
+                                    if lit in low:
+                                        hit = True
+                                        break
+                                elif lit in text:
+                                    hit = True
+                                    break
+                            if hit:
+                                recent.insert(0, key)
+                                del recent[RECENT_HITS:]
+                                break
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end)
                     misses += 1
                     if len(text) <= VERDICT_MAX_BYTES:
                         if len(verdicts) >= VERDICT_CACHE_ENTRIES:
