@@ -84,6 +84,12 @@ def contained_in(items: Sequence[tuple[Text, bool]]) -> list[set[int]]:
     return out
 
 
+# (bytes, ignore_case) literal -> the literals found inside it (contained_in), over every literal in
+# _CONTAINED_OVER
+_CONTAINED: dict[tuple[bytes, bool], frozenset] = {}
+_CONTAINED_OVER: set[tuple[bytes, bool]] = set()
+
+
 @dataclass(frozen=True)
 class Literal:
     text: str
@@ -103,7 +109,7 @@ class Segment:
 class Prefilter:
     """All literals of interest; finds the segments of a block that contain any of them."""
 
-    def __init__(self, literals: Iterable[Literal]):
+    def __init__(self, literals: Iterable[Literal], sample: bytes = b""):
         unique: dict[tuple[bytes, bool], Literal] = {}
         for lit in literals:
             data = lit.text.encode("utf-8")
@@ -122,13 +128,22 @@ class Prefilter:
         self._unique = sorted(unique, key=lambda k: len(k[0]))
         self._minimal: "list[tuple[bytes, bool]] | None" = None
         self._kept = self._unique
-        self.plan(b"")
+        self.plan(sample)
 
     def _minimal_literals(self) -> list[tuple[bytes, bool]]:
         if self._minimal is None:
             keys = self._unique
-            inside = contained_in(keys)
-            self._minimal = [key for i, key in enumerate(keys) if not any(j < i for j in inside[i])]
+            if not _CONTAINED_OVER.issuperset(keys):
+                # containment is a relation between two literals: worked out once over every literal
+                # seen, it serves the smaller sets the engine rebuilds with as rules saturate
+                universe = list(_CONTAINED_OVER.union(keys))
+                inside = contained_in(universe)
+                _CONTAINED.clear()
+                _CONTAINED.update({k: frozenset(universe[j] for j in inside[i]) for i, k in enumerate(universe)})
+                _CONTAINED_OVER.update(universe)
+            order = {key: i for i, key in enumerate(keys)}
+            self._minimal = [key for i, key in enumerate(keys)
+                             if not any(order.get(other, i) < i for other in _CONTAINED[key])]
         return self._minimal
 
     def plan(self, sample: bytes) -> None:
