@@ -417,7 +417,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 matcher.prefilter.plan(sample)
             # a header is in a candidate segment (TABLE_HEAD is a prefilter literal); the metric
             # dicts cut out of the view hold none (a header starts its line)
-            if collector.table_open or any(TABLE_HEAD in view[s.start:s.end] for s in segments):
+            find_in_view = view.find
+            if collector.table_open or any(find_in_view(TABLE_HEAD, s.start, s.end) >= 0 for s in segments):
                 # notebook Trainer tables: their rows hold no literal, the collector reads the block
                 collector.feed_table_block(block, lambda raw, n, base=base, item=item, block=block, joins=joins:
                                            reader.make_line(raw, item.path, base + _physical_line(block, joins, n),
@@ -431,7 +432,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 count += newlines(b"\n", pos, seg.line_start)
                 pos = seg.line_start
                 raw = view[seg.start:seg.end]
-                if not is_last_segment(view, seg) and _is_bar_bytes(raw):
+                if seg.end < seg.line_end and not is_last_segment(view, seg) and _is_bar_bytes(raw):
                     continue  # an intermediate progress-bar redraw
                 lineno = base + count + 1 + (bisect_left(joins, seg.line_start) if joins else 0)
                 quote = inert.get(raw)
@@ -460,6 +461,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             block_lines = count + newlines(b"\n", pos, len(view))
             base += block_lines + len(joins)
             long_lines = block_lines * LONG_LINE_BYTES < len(view)
+            # nothing of this block is held while the next one is read and split (peak RSS)
+            newlines = position = first = rest_view = None
             if changed:  # only a changed rule state can make a literal unneeded
                 matcher.refresh(states, sample)
                 changed = False
