@@ -6,7 +6,8 @@ literal gets an *anchor*: its byte found in the fewest `\r`/`\n` segments of a s
 input (the engine samples the start without metric dicts, and samples again when a block needs
 too many fresh checks). One `bytes.translate` turns every anchor byte of a block into NUL, then
 `bytes.find` (memchr) walks the NULs; each segment holding one is checked once against the
-literals anchored on the anchor bytes it holds, and the verdict is remembered for repeated lines.
+literals anchored on the anchor bytes it holds (the literals that hit lately first: a log repeats
+its shapes), and the verdict is remembered for repeated lines.
 Only segments that contain a literal are decoded and normalised. Literals whose every byte is in
 many segments are searched whole, one by one (bytes.find)."""
 
