@@ -951,3 +951,42 @@ def test_oom_bar_phase_is_the_interrupted_evaluation_bar(tmp_path, bars, want):
     text = "\n".join(["start"] + bars + ["Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"])
     facts = explain_text(tmp_path, text + "\n").facts
     assert facts.get("oom.bar_phase") == want
+
+
+def test_last_training_bar_read_from_the_tail_is_the_whole_windows_last_bar():
+    """The OOM's step comes from the last tqdm bar before it; the tail of the window is read first
+    (from a line break no bar match can straddle) and must give what a scan of the whole window gives."""
+    import random
+
+    from loradoctor.logs.facts import oom
+
+    rng = random.Random(7)
+    toks = [b"\r", b"\n", b" ", b"|", b"5", b"12", b"%|", b"/", b"[", b"]", b"s/it", b"it/s", b"Train ", b"Map ",
+            b"x", b"\t", b"10/20 [00:01<00:02, 2.0s/it]", b"  50%|#####     | ", b"\r\n", b"] \r 3/4", b"|\r7/9 ["]
+    first = oom.BAR_TAIL_FIRST_BYTES
+    try:
+        oom.BAR_TAIL_FIRST_BYTES = 16  # the tail path on short texts
+        found = 0
+        for i in range(1500):
+            text = b"".join(rng.choice(toks) for _ in range(rng.randrange(0, 400)))
+            end = rng.randrange(0, len(text) + 1)
+            window = rng.choice([1 << 20, 100, 1000])
+            whole = oom._last_bar_in(text, max(0, end - window), end)
+            assert oom._last_training_bar(text, end, window) == whole, (text, end, window)
+            found += whole is not None
+        assert found > 100
+    finally:
+        oom.BAR_TAIL_FIRST_BYTES = first
+    bars = "".join(f"\r  {k // 10}%|#         | {k}/1000 [00:{k % 60:02d}<01:00, 2.0s/it]" for k in range(1, 900))
+    log = ("Map: 100%|##########| 50/50 [00:01<00:00, 40.0it/s]\n" + bars + "\n{'loss': 1.0}\nOOM\n").encode()
+    assert oom._last_training_bar(log, log.index(b"OOM")) == (899, 1000)
+    # a bar whose `\s*` runs over a line break (`| 12/20` + `\n` + `[ 5%|x| 3/4 [...]`): read from that
+    # break, the rest would look like a bar of its own (3/4); the whole bar is 12/20
+    log = (bars + "\r 60%|######| 12/20\n[ 5%|x| 3/4 [00:01, 2.0s/it]\nOOM\n").encode()
+    end = log.index(b"OOM")
+    assert oom._last_bar_in(log, 0, end) == (12, 20)
+    try:
+        oom.BAR_TAIL_FIRST_BYTES = end - log.index(b"\n[ 5%") + 1  # the tail starts at that break
+        assert oom._last_training_bar(log, end) == (12, 20)
+    finally:
+        oom.BAR_TAIL_FIRST_BYTES = first

@@ -118,15 +118,16 @@ def test_matcher_hits_are_digit_blind_only_for_digit_free_literals():
     assert m.hits(xid) == m.hits(xid)
     assert m._blind_cache  # the digit-free verdicts were remembered
     # literals with digits are still tested on the real text: a rule keyed on "79" must not leak
-    digit_targets = {t for lit, tg in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
+    # (_case_digits / _nocase_digits hold (literal, targets, digit-blind literal))
+    digit_targets = {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
     assert digit_targets <= m.hits(xid)
-    assert {t for lit, tg in m._case_digits + m._nocase_digits for t in tg
+    assert {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg
             if lit.lower() in other.lower()} <= m.hits(other)
     full = set()
-    for lit, tg in m._case + m._case_digits:
+    for lit, tg, *_ in m._case + m._case_digits:
         if lit in other:
             full |= tg
-    for lit, tg in m._nocase + m._nocase_digits:
+    for lit, tg, *_ in m._nocase + m._nocase_digits:
         if lit in other.lower():
             full |= tg
     assert m.hits(other) == full
@@ -168,3 +169,31 @@ def test_traceback_whose_line_breaks_were_lost_is_read_as_lines(tmp_path, monkey
     assert findings and findings[0].cause == "env.version_conflict" and findings[0].evidence[0].line == 1
     monkeypatch.setattr(engine, "FLATTENED_MIN_CHARS", 10**9)  # without the split the pattern misses
     assert not [f for f in engine.explain([str(log)], differential_on=False).findings if f.cause == "env.version_conflict"]
+
+
+def test_line_numbers_of_a_log_of_long_lines_are_counted_alike_either_way(tmp_path, monkeypatch):
+    """After a block of long lines (progress-bar redraws) the engine counts newlines by walking from one
+    to the next (engine._LineWalk) instead of bytes.count: the evidence lines and the line count are the
+    same either way."""
+    from loradoctor.logs import engine
+
+    bar = "\r".join(f"  3%|▎         | {k}/9000 [00:{k % 60:02d}<7:39:20, 15.29s/it]" for k in range(40))
+    lines = []
+    for i in range(1, 400):
+        lines.append(bar)
+        if i % 97 == 0:
+            lines.append(f"[rank0]: UserWarning: step {i}: `use_cache=True` is incompatible with gradient checkpointing")
+    lines.append("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                 "of 23.65 GiB of which 1.02 GiB is free.")
+    path = tmp_path / "bars.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(engine, "FIRST_BLOCK_BYTES", 64 << 10)  # then 8 MiB blocks: the walk counts them
+    walked = engine.explain([str(path)]).to_dict()
+    monkeypatch.setattr(engine, "LONG_LINE_BYTES", 1 << 40)  # bytes.count throughout
+    counted = engine.explain([str(path)]).to_dict()
+    for report in (walked, counted):
+        report.pop("elapsed_s", None)
+    assert walked == counted
+    oom_line = len(lines)
+    assert any(e["line"] == oom_line for f in walked["findings"] for e in f["evidence"]), walked["findings"][0]
+    assert walked["inputs"][0]["lines"] == oom_line

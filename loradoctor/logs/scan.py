@@ -6,7 +6,8 @@ literal gets an *anchor*: its byte found in the fewest `\r`/`\n` segments of a s
 input (the engine samples the start without metric dicts, and samples again when a block needs
 too many fresh checks). One `bytes.translate` turns every anchor byte of a block into NUL, then
 `bytes.find` (memchr) walks the NULs; each segment holding one is checked once against the
-literals anchored on the anchor bytes it holds, and the verdict is remembered for repeated lines.
+literals anchored on the anchor bytes it holds (the literals that hit lately first: a log repeats
+its shapes), and the verdict is remembered for repeated lines.
 Only segments that contain a literal are decoded and normalised. Literals whose every byte is in
 many segments are searched whole, one by one (bytes.find)."""
 
@@ -49,6 +50,7 @@ COMMON_BYTE_SHARE = 1 / 100  # no sample: a literal whose rarest byte is this co
 ANCHOR_MAX_SHARE = 1 / 4096
 VERDICT_CACHE_ENTRIES = 4096  # remembered segment verdicts (repeated warning lines are common)
 VERDICT_MAX_BYTES = 2048
+RECENT_HITS = 8  # anchored literals that hit lately, tried first on a fresh segment
 REPLAN_MISSES = 4096  # fresh segment checks per block beyond which the anchors are re-chosen
 DEDUPE_MIN_SAMPLE = 64 << 10  # a sample at least this big: drop the literals that contain others
 
@@ -83,6 +85,12 @@ def contained_in(items: Sequence[tuple[Text, bool]]) -> list[set[int]]:
     return out
 
 
+# (bytes, ignore_case) literal -> the literals found inside it (contained_in), over every literal in
+# _CONTAINED_OVER
+_CONTAINED: dict[tuple[bytes, bool], frozenset] = {}
+_CONTAINED_OVER: set[tuple[bytes, bool]] = set()
+
+
 @dataclass(frozen=True)
 class Literal:
     text: str
@@ -102,7 +110,7 @@ class Segment:
 class Prefilter:
     """All literals of interest; finds the segments of a block that contain any of them."""
 
-    def __init__(self, literals: Iterable[Literal]):
+    def __init__(self, literals: Iterable[Literal], sample: bytes = b""):
         unique: dict[tuple[bytes, bool], Literal] = {}
         for lit in literals:
             data = lit.text.encode("utf-8")
@@ -121,13 +129,22 @@ class Prefilter:
         self._unique = sorted(unique, key=lambda k: len(k[0]))
         self._minimal: "list[tuple[bytes, bool]] | None" = None
         self._kept = self._unique
-        self.plan(b"")
+        self.plan(sample)
 
     def _minimal_literals(self) -> list[tuple[bytes, bool]]:
         if self._minimal is None:
             keys = self._unique
-            inside = contained_in(keys)
-            self._minimal = [key for i, key in enumerate(keys) if not any(j < i for j in inside[i])]
+            if not _CONTAINED_OVER.issuperset(keys):
+                # containment is a relation between two literals: worked out once over every literal
+                # seen, it serves the smaller sets the engine rebuilds with as rules saturate
+                universe = list(_CONTAINED_OVER.union(keys))
+                inside = contained_in(universe)
+                _CONTAINED.clear()
+                _CONTAINED.update({k: frozenset(universe[j] for j in inside[i]) for i, k in enumerate(universe)})
+                _CONTAINED_OVER.update(universe)
+            order = {key: i for i, key in enumerate(keys)}
+            self._minimal = [key for i, key in enumerate(keys)
+                             if not any(order.get(other, i) < i for other in _CONTAINED[key])]
         return self._minimal
 
     def plan(self, sample: bytes) -> None:
@@ -183,6 +200,7 @@ class Prefilter:
             table[b] = 0
         self._table = bytes(table) if anchor_bytes else None
         self._verdicts: dict[bytes, bool] = {}  # segment bytes -> holds a literal (this plan)
+        self._recent: list[tuple[bytes, bool]] = []  # anchored literals that hit lately, latest first
         self.misses = 0
         self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
         self.anchor_bytes = bytes(sorted(anchor_bytes))
@@ -221,6 +239,7 @@ class Prefilter:
             bfind, brfind = block.find, block.rfind
             by_byte, drop = self._by_byte, self._drop
             verdicts = self._verdicts
+            recent = self._recent
             misses = 0
             pos = find(b"\0")
             # inlined _segment: this loop runs once per anchor byte in the input
@@ -246,21 +265,38 @@ class Prefilter:
                         continue
                     low = None
                     hit = False
-                    # only the literals anchored on the anchor bytes this segment holds
-                    for b in set(text.translate(None, drop)):
-                        for lit, ci in by_byte[b]:
-                            if ci:
-                                if low is None:
-                                    low = text.lower()
-                                if lit in low:
-                                    hit = True
-                                    break
-                            elif lit in text:
+                    # the literals that hit lately first (a log repeats its shapes: every eval
+                    # record holds `loss`), then the literals anchored on the anchor bytes this
+                    # segment holds; the verdict is the same in any order
+                    for lit, ci in recent:
+                        if ci:
+                            if low is None:
+                                low = text.lower()
+                            if lit in low:
                                 hit = True
                                 break
-                        if hit:
-                            found[start] = Segment(line_start, start, end, line_end)
+                        elif lit in text:
+                            hit = True
                             break
+                    else:
+                        for b in set(text.translate(None, drop)):
+                            for key in by_byte[b]:
+                                lit, ci = key
+                                if ci:
+                                    if low is None:
+                                        low = text.lower()
+                                    if lit in low:
+                                        hit = True
+                                        break
+                                elif lit in text:
+                                    hit = True
+                                    break
+                            if hit:
+                                recent.insert(0, key)
+                                del recent[RECENT_HITS:]
+                                break
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end)
                     misses += 1
                     if len(text) <= VERDICT_MAX_BYTES:
                         if len(verdicts) >= VERDICT_CACHE_ENTRIES:

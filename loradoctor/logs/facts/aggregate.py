@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, Callable, Optional
 
 from loradoctor.logs.facts.common import Extractor, Sink, _float, _int
@@ -13,9 +14,12 @@ from loradoctor.logs.reader import peel_table_line as _peel
 from loradoctor.logs.facts.metrics import (
     _APEX_OVERFLOW_RE, _DICT_PAIR_RE, _DS_OVERFLOW_RE, _JSON_PAIR_RE, _OLD_OVERFLOW_RE, _PEFT_RE, _TABLE_HEAD_RE,
     _ITER_LINE_RE, _TABLE_MAX_ROWS, _TABLE_RULE_RE, _TORCHTUNE_BAR_RE, TABLE_HEAD, _bfloat, _bfloats, _metric_bytes,
-    parse_bar_description, parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value, precision_of,
-    table_columns,
+    RecordColumns, parse_bar_description, parse_bar_postfix, parse_metric_record, parse_table_row, parse_wandb_value,
+    precision_of, table_columns,
 )
+
+
+FLAT_EPS = 1e-4  # steady: consecutive losses closer than this (flat_run)
 
 
 class RepeatTracker:
@@ -244,7 +248,8 @@ class LossAggregate:
             if not piece:  # a non-finite record: the run ends
                 prev, run = None, 0
                 continue
-            steady = bytes(-1e-4 < b - a < 1e-4 for a, b in zip(piece, piece[1:]))
+            # |b - a| < 1e-4 (the same as -1e-4 < b - a < 1e-4 for finite losses), mapped in C
+            steady = bytes(map(operator.gt, itertools.repeat(FLAT_EPS), map(abs, map(operator.sub, piece[1:], piece))))
             streaks = steady.split(b"\0")
             # the first record continues the previous run if it is close to the previous loss
             lead = 1 if prev is None or not (-1e-4 < piece[0] - prev < 1e-4) else run + 1
@@ -252,7 +257,7 @@ class LossAggregate:
                 run = lead + len(streaks[0])
                 best = max(best, run)
             else:
-                best = max(best, lead + len(streaks[0]), 1 + max(len(x) for x in streaks[1:]))
+                best = max(best, lead + len(streaks[0]), 1 + max(map(len, streaks[1:])))
                 run = 1 + len(streaks[-1])
             prev = piece[-1]
         self.prev_loss, self.flat_run, self.flat_best = prev, run, best
@@ -532,7 +537,7 @@ class MetricsExtractor(Extractor):
         has millions) is aggregated with list operations; other shapes one record at a time."""
         if not items:
             return
-        loss_t, gn_t, lr_t, rest_t, body_t = zip(*items)
+        loss_t, gn_t, lr_t, rest_t, body_t = items.columns if isinstance(items, RecordColumns) else zip(*items)
         if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
             try:
                 losses = _bfloats(loss_t)

@@ -3,6 +3,7 @@ and gathers their facts at the end."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
@@ -18,6 +19,7 @@ from loradoctor.logs.facts.config import ConfigExtractor
 from loradoctor.logs.facts.trace import TraceExtractor
 from loradoctor.logs.facts.smi import SmiExtractor
 from loradoctor.logs.facts.xid import XidExtractor
+from loradoctor.logs.reader import DIGITS_BLIND
 
 # lines the collector keeps for the "nothing recognised" tail (is_errorish), beyond the extractors' words
 _TAIL_TRIGGERS: TriggerLiterals = (
@@ -41,26 +43,42 @@ class Dispatch:
             for text, ignore_case in literals:
                 table, key = (nocase, text.lower()) if ignore_case else (case, text)
                 table[key] = table.get(key, 0) | (1 << bit)
-        self._case = list(case.items())
-        self._nocase = list(nocase.items())
+        # a literal without digits is in a line exactly when it is in the line with every digit
+        # written 0: its verdicts are remembered per digit-blind line (an eval record, a warning with
+        # a new step number: one lookup); the few literals with digits are tested on every line
+        self._case = [(t, b) for t, b in case.items() if not _DIGIT_RE.search(t)]
+        self._nocase = [(t, b) for t, b in nocase.items() if not _DIGIT_RE.search(t)]
+        self._case_digits = [(t, b) for t, b in case.items() if _DIGIT_RE.search(t)]
+        self._nocase_digits = [(t, b) for t, b in nocase.items() if _DIGIT_RE.search(t)]
         self._cache: dict[str, int] = {}
 
     def mask(self, text: str) -> int:
-        found = self._cache.get(text)
+        blind = text.translate(DIGITS_BLIND)
+        found = self._cache.get(blind)
         if found is None:
-            found = 0
-            for literal, bits in self._case:
-                if literal in text:
-                    found |= bits
-            if self._nocase:
-                low = text.lower()
-                for literal, bits in self._nocase:
-                    if literal in low:
-                        found |= bits
+            found = _literal_bits(blind, self._case, self._nocase)
             if len(self._cache) >= self.CACHE_ENTRIES:
                 self._cache.clear()
-            self._cache[text] = found
+            self._cache[blind] = found
+        if self._case_digits or self._nocase_digits:
+            found |= _literal_bits(text, self._case_digits, self._nocase_digits)
         return found
+
+
+_DIGIT_RE = re.compile("[0-9]")
+
+
+def _literal_bits(text: str, case: list, nocase: list) -> int:
+    found = 0
+    for literal, bits in case:
+        if literal in text:
+            found |= bits
+    if nocase:
+        low = text.lower()
+        for literal, bits in nocase:
+            if literal in low:
+                found |= bits
+    return found
 
 
 def is_errorish(text: str) -> bool:
@@ -90,12 +108,15 @@ class FactCollector(Sink):
         self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
                                                   self.dist, self.host, self.config, self.smi)
         self.dispatch = Dispatch(e.triggers for e in self.extractors)
+        # an extractor opens or closes a record only while it is fed a line (or closed), so whether
+        # any record is open is worked out after each feed, not asked of every extractor per line
+        self._idle = True
 
     @property
     def idle(self) -> bool:
         """No multi-line record is open (traceback, memory summary, ChildFailedError box, wrapped OOM
         message): what a line does then depends on its text alone."""
-        return not any(e.open for e in self.extractors)
+        return self._idle
 
     def feed(self, line: Any, position: Optional[RawPosition] = None) -> bool:
         """Take one normalised line (a reader.Line), with where it sits in its raw block when the
@@ -107,7 +128,7 @@ class FactCollector(Sink):
             return False
         if position is not None:
             self.oom.locate(line, position)
-        touched = not self.idle
+        touched = not self._idle
         if line.rank is not None:
             self.ranks.add(line.rank)
         wanted = self.dispatch.mask(text)
@@ -115,6 +136,7 @@ class FactCollector(Sink):
             if wanted & 1 or extractor.open:
                 touched |= extractor.feed(line)
             wanted >>= 1
+        self._idle = not any(e.open for e in self.extractors)
         if is_errorish(text):
             self.note_errorish(line)
         return touched
@@ -157,6 +179,7 @@ class FactCollector(Sink):
         # far, before table rows or a wandb summary are replayed as records)
         for extractor in (self.oom, self.memsum, self.dist, self.metrics, self.smi):
             extractor.close()
+        self._idle = not any(e.open for e in self.extractors)
         v = self.values
         for extractor in (self.oom, self.memsum, self.trace, self.metrics, self.xid, self.dist, self.smi):
             extractor.publish(v)

@@ -35,6 +35,35 @@ _DICT_PAIR_RE = lazy_re(rb"'([^']{1,80})': ([^,}]+)")
 _UNIT_IN_KEY_RE = lazy_re(r"[(_\[]\s*(gib|gb|mib|mb|kib|kb|g|m)\s*[)\]]?$", re.I)
 
 
+class RecordColumns:
+    """Metric records found in a raw block, held as columns (loss, grad_norm, learning_rate, rest of
+    the dict, JSON body: the groups of METRIC_DICT_RE, one list each): the engine's split yields them so,
+    and the MetricsExtractor aggregates columns, so a block's thousands of records are never turned
+    into tuples and back. Reads as the list of METRIC_DICT_RE.findall-style tuples it stands for."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, loss: list, grad_norm: list, learning_rate: list, rest: list, body: list) -> None:
+        self.columns = (loss, grad_norm, learning_rate, rest, body)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __iter__(self):
+        return zip(*self.columns)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return RecordColumns(*(c[k] for c in self.columns))
+        return tuple(c[k] for c in self.columns)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, RecordColumns)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RecordColumns({list(self)!r})"
+
+
 def _bfloat(text: bytes) -> float:
     """float() of a metric value as printed, bare or quoted (`1.85`, `'1.85'`, `'nan'`: some
     trainers log their values as strings); ValueError for anything else."""

@@ -299,8 +299,45 @@ _BAR_TAIL_RE = lazy_re(rb"(?:^|[\r\n])([^\r\n]{0,120}?)(\d{1,3})%\|[^|\r\n]{0,40
 
 
 def _last_training_bar(block: bytes, end: int, window: int = 1 << 20) -> Optional[tuple[int, int]]:
-    """The last tqdm bar without a description before `end` in the block: (n, total)."""
+    """The last tqdm bar without a description before `end` in the block: (n, total), as read
+    from the `window` bytes before `end`. A training log redraws its bar every step (a MiB holds
+    ~12,000 states), so the window's tail is read first (64 KiB, then 1 MiB) from a point no bar
+    match can straddle: a bar found there is the last one of the whole window."""
     start = max(0, end - window)
+    size = BAR_TAIL_FIRST_BYTES
+    while size < end - start:
+        cut = _bar_resync(block, end - size, end)
+        if cut < 0:
+            break
+        found = _last_bar_in(block, cut, end)
+        if found is not None:
+            return found
+        size *= 16
+    return _last_bar_in(block, start, end)
+
+
+BAR_TAIL_FIRST_BYTES = 64 << 10
+# A `\r` or `\n` whose previous byte is none of these is inside no _BAR_TAIL_RE match (one can
+# start there): inside a match a line break can only sit in a `\s*` run, which follows `|` or a digit
+_BAR_BREAK_BEFORE = frozenset(b" \t\n\r\f\v|0123456789")
+
+
+def _bar_resync(block: bytes, at: int, end: int) -> int:
+    """A line break in block[at:end) that no bar match straddles (see _BAR_BREAK_BEFORE), or -1:
+    _BAR_TAIL_RE.finditer from there finds exactly the matches of a scan from further back that
+    start there or later."""
+    for _ in range(64):
+        cr, nl = block.find(b"\r", at, end), block.find(b"\n", at, end)
+        pos = min(cr, nl) if cr >= 0 and nl >= 0 else max(cr, nl)
+        if pos <= 0:
+            return -1
+        if block[pos - 1] not in _BAR_BREAK_BEFORE:
+            return pos
+        at = pos + 1
+    return -1
+
+
+def _last_bar_in(block: bytes, start: int, end: int) -> Optional[tuple[int, int]]:
     chunk = block[start:end]
     best = None
     for m in _BAR_TAIL_RE.finditer(chunk):
