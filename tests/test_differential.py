@@ -132,3 +132,25 @@ def test_a_cuda_kernel_refusing_a_dtype_is_no_cpu_guess(tmp_path):
     # the same refusal by a CUDA kernel is a dtype question, not a run on the CPU
     report = explain_text(tmp_path, "RuntimeError: \"index_add_cuda_\" not implemented for 'Float8_e4m3fn'\n")
     assert not [f for f in report.findings if f.cause == "env.no_gpu_visible"]
+
+
+@pytest.mark.parametrize("text, cause", [
+    # an issue title cut before the GEMM's dtype: in fine-tuning most often bf16 on a pre-Ampere card
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmStridedBatchedEx\n",
+     "env.bf16_unsupported"),
+    ("runtimeerror: cuda error: cublas_status_not_supported when calling `cublasgemmstridedbatchedex(handle, opa\n",
+     "env.bf16_unsupported"),
+    # an fp16 or fp32 GEMM is no bf16 question
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, n, k, "
+     "&falpha, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb\n", None),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasSgemmStridedBatched( handle, opa\n",
+     None),
+])
+def test_a_cublas_refusal_cut_before_its_dtype_is_a_bf16_guess(tmp_path, text, cause):
+    report = explain_text(tmp_path, text)
+    if cause is None:
+        assert not [f for f in report.findings if f.cause == "env.bf16_unsupported"]
+        return
+    top = report.findings[0]
+    assert top.rule == "guess" and top.cause == cause
+    assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]
