@@ -154,3 +154,13 @@ def test_a_cublas_refusal_cut_before_its_dtype_is_a_bf16_guess(tmp_path, text, c
     top = report.findings[0]
     assert top.rule == "guess" and top.cause == cause
     assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: cutlassF: no kernel found to launch!\n",
+    "runtimeerror: cutlassf: no kernel found to launch!\n",
+])
+def test_no_sdpa_kernel_for_the_dtype_is_a_bf16_guess(tmp_path, text):
+    top = explain_text(tmp_path, text).findings[0]
+    assert top.rule == "guess" and top.cause == "env.bf16_unsupported"
+    assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]
