@@ -98,3 +98,69 @@ def test_the_table_names_only_catalogue_causes():
     named |= {g.cause for g in guesses} | {c for g in guesses for c in g.alternatives}
     assert named <= known, sorted(named - known)
     assert causes <= known
+
+
+def test_a_look_alike_never_claims_more_confidence_than_its_verdict(tmp_path):
+    # one nan in a bar's postfix: the guess rule names fp16 overflow (0.2); divergence beside it used to read 0.3,
+    # so the second candidate claimed more than the first
+    report = explain_text(tmp_path, "Epoch 1/3: 100%|##########| 500/500 [05:00<00:00, loss=nan]\n")
+    top = report.findings[0]
+    assert top.rule == "nan-loss-few-records-guess" and top.confidence == pytest.approx(0.2)
+    alts = [f for f in report.findings if f.rule == "differential"]
+    assert alts and all(f.confidence < top.confidence for f in alts)
+    assert [d["confidence"] for d in top.differential] == sorted((d["confidence"] for d in top.differential), reverse=True)
+    # a verdict above the look-alikes' level keeps them at `low` (0.3, then 0.25)
+    ambiguous = explain_text(tmp_path, AMBIGUOUS_OOM)
+    assert [d["confidence"] for d in ambiguous.findings[0].differential][:2] == [0.3, 0.25]
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'\n",
+    "runtimeerror: \"addmm_impl_cpu_\" not implemented for 'half'\n",
+    # an issue title without its exception class
+    "\"LayerNormKernelImpl\" not implemented for 'Half'\n",
+    "RuntimeError: \"slow_conv2d_cpu\" not implemented for 'Half'\n",
+])
+def test_a_half_kernel_refused_on_the_cpu_is_a_labelled_guess_of_a_cpu_run(tmp_path, text):
+    report = explain_text(tmp_path, text)
+    top = report.findings[0]
+    assert top.rule == "guess" and top.cause == "env.no_gpu_visible"
+    assert [d["cause"] for d in top.differential] == ["env.torch_cpu_only", "train.device_mismatch"]
+
+
+def test_a_cuda_kernel_refusing_a_dtype_is_no_cpu_guess(tmp_path):
+    # the same refusal by a CUDA kernel is a dtype question, not a run on the CPU
+    report = explain_text(tmp_path, "RuntimeError: \"index_add_cuda_\" not implemented for 'Float8_e4m3fn'\n")
+    assert not [f for f in report.findings if f.cause == "env.no_gpu_visible"]
+
+
+@pytest.mark.parametrize("text, cause", [
+    # an issue title cut before the GEMM's dtype: in fine-tuning most often bf16 on a pre-Ampere card
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmStridedBatchedEx\n",
+     "env.bf16_unsupported"),
+    ("runtimeerror: cuda error: cublas_status_not_supported when calling `cublasgemmstridedbatchedex(handle, opa\n",
+     "env.bf16_unsupported"),
+    # an fp16 or fp32 GEMM is no bf16 question
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasGemmEx( handle, opa, opb, m, n, k, "
+     "&falpha, a, CUDA_R_16F, lda, b, CUDA_R_16F, ldb\n", None),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasSgemmStridedBatched( handle, opa\n",
+     None),
+])
+def test_a_cublas_refusal_cut_before_its_dtype_is_a_bf16_guess(tmp_path, text, cause):
+    report = explain_text(tmp_path, text)
+    if cause is None:
+        assert not [f for f in report.findings if f.cause == "env.bf16_unsupported"]
+        return
+    top = report.findings[0]
+    assert top.rule == "guess" and top.cause == cause
+    assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: cutlassF: no kernel found to launch!\n",
+    "runtimeerror: cutlassf: no kernel found to launch!\n",
+])
+def test_no_sdpa_kernel_for_the_dtype_is_a_bf16_guess(tmp_path, text):
+    top = explain_text(tmp_path, text).findings[0]
+    assert top.rule == "guess" and top.cause == "env.bf16_unsupported"
+    assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]

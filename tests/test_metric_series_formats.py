@@ -334,3 +334,33 @@ def test_prefixed_table_headers_are_linear(block):
     started = time.process_time()
     FactCollector().feed_table_block(block, lambda raw, n: None)
     assert time.process_time() - started < 2.0
+
+
+SUMMARY = ("{'train_runtime': 95.41, 'train_samples_per_second': 4.19, 'train_steps_per_second': 0.524, "
+           "'train_loss': 0.0, 'epoch': 3.0}")
+
+
+@pytest.mark.parametrize("lines", [
+    [SUMMARY],
+    [SUMMARY.lower()],
+    # cut by a hard wrap at 80 columns: the record ends on the next line
+    [SUMMARY[:80], SUMMARY[80:]],
+    # the engine's whole path, where the continuation holds none of the extractor's words
+    "engine",
+])
+def test_the_end_of_training_record_gives_its_average_loss_and_run_time(lines, tmp_path):
+    if lines == "engine":
+        f = explain_text(tmp_path, SUMMARY[:80] + "\n" + SUMMARY[80:] + "\n").facts
+    else:
+        f = _collect(lines)
+    assert f["metrics.train_finished"] is True
+    assert f["metrics.train_loss"] == 0.0 and f["metrics.train_runtime"] == pytest.approx(95.41)
+    assert "metrics.steps" not in f  # the summary is no training step
+
+
+def test_a_nan_average_loss_and_an_unended_cut_record_give_no_average():
+    f = _collect([SUMMARY.replace("'train_loss': 0.0", "'train_loss': nan")])
+    assert "metrics.train_loss" not in f and f["metrics.train_finished"] is True
+    # a cut record whose next line does not end it: the next line is read as any other
+    f = _collect([SUMMARY[:80], "{'loss': 1.25, 'grad_norm': 0.5, 'learning_rate': 0.0002, 'epoch': 0.1}"])
+    assert "metrics.train_loss" not in f and f["metrics.steps"] == 1

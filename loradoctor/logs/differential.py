@@ -27,10 +27,13 @@ MAX_ALTERNATIVES = 2  # the second and third candidates
 TABLE = Path(__file__).resolve().parent.parent / "data" / "differential.yaml"
 
 # a line that says a run failed: an exception line (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`,
-# lower-cased too), or a launcher / kernel / shell failure; a warning that quotes an error is none
+# lower-cased too), a launcher / kernel / shell failure, or torch's dispatch refusal pasted without its
+# exception class (`"addmm_impl_cpu_" not implemented for 'Half'`, an issue title); a warning that quotes an
+# error is none
 _FAILURE_RE = lazy_re(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^Traceback \(most recent|"
                          r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
-                         r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b", re.I)
+                         r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b|"
+                         r"\" not implemented for '", re.I)
 _WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
 # a line that names no family whatever words it holds: a NameError's name is an identifier of the script
 # (`name 'LoraConfig' is not defined` is a missing import, not LoRA), and an index error of a Python
@@ -106,6 +109,13 @@ def _title(cause: str, titles: dict[str, str]) -> str:
     return cause_titles().get(cause) or titles.get(cause, cause)
 
 
+def _alternative_confidence(verdict_confidence: float, index: int) -> float:
+    """The confidence of the verdict's index-th look-alike: `low` (0.3, then 0.25), and always below the
+    verdict's own, so that a guess verdict (0.2) is not followed by a look-alike that claims more."""
+    top = min(ALTERNATIVE_CONFIDENCE, round(verdict_confidence - 0.05, 3))
+    return max(round(top - 0.05 * index, 3), 0.05)
+
+
 def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any],
                  titles: dict[str, str]) -> list[tuple[Finding, str]]:
     """(finding, what tells it apart) for the causes the verdict can be confused with, plausible on these
@@ -119,7 +129,7 @@ def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any
         have.add(alt.cause)
         finding = Finding(
             cause=alt.cause, rule="differential", severity="error" if verdict.severity == "error" else "warning",
-            confidence=ALTERNATIVE_CONFIDENCE - 0.05 * len(out), title=f"Could also be: {_title(alt.cause, titles)}",
+            confidence=_alternative_confidence(verdict.confidence, len(out)), title=f"Could also be: {_title(alt.cause, titles)}",
             summary=f"The same evidence can be read as {alt.cause}: the numbers or frames that would rule it out "
                     f"are missing or near the boundary. What tells them apart: {alt.tells_apart}.",
             evidence=list(verdict.evidence[:2]), area=alt.cause.split(".", 1)[0])

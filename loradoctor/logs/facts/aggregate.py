@@ -353,6 +353,8 @@ class MetricsExtractor(Extractor):
         self.loss = LossAggregate()
         self._eval_last = None
         self._finished = False
+        self._summary: dict[str, float] = {}  # train_loss / train_runtime of the end-of-training record
+        self._summary_head: Optional[str] = None  # the first part of that record, when a hard wrap cut it
         self._overflows = 0
         self._scale_min: Optional[float] = None
         self._mem_key: Optional[str] = None
@@ -372,9 +374,31 @@ class MetricsExtractor(Extractor):
         """Metric records aggregated so far."""
         return self.loss.records
 
+    @property
+    def open(self) -> bool:
+        """True while an end-of-training record cut by a hard wrap waits for the line that ends it."""
+        return self._summary_head is not None
+
+    def _summary_tail(self, line: Any) -> bool:
+        """The line after an end-of-training record that a hard wrap cut (`{'train_runtime': ..., 'train_steps_per_seco`
+        / `nd': 0.524, 'train_loss': 0.0, 'epoch': 3.0}`): the record's keys that it holds, when it ends the dict."""
+        head, self._summary_head = self._summary_head, None
+        text = line.text
+        if "{" in text or "}" not in text:
+            return False
+        record = parse_metric_record(head + text)
+        if not record:
+            return False
+        for key in ("train_loss", "train_runtime"):
+            if isinstance(record.get(key), float) and record[key] == record[key]:
+                self._summary[key] = record[key]
+        return True
+
     def feed(self, line: Any) -> bool:
         text = line.text
         touched = False
+        if self._summary_head is not None and self._summary_tail(line):
+            return True  # (a line that does not end the cut record is read as any other)
         if "wandb:" in text:
             touched |= self._wandb_feed(line)
         elif "loss" in text or "train_runtime" in text or "mem" in text or "Loss" in text or "LOSS" in text:
@@ -508,6 +532,8 @@ class MetricsExtractor(Extractor):
             record = parse_metric_record(text)
         if record:
             self._record(record, lambda: line)
+            if "train_runtime" in record and "train_loss" not in record and "{" in text and "}" not in text:
+                self._summary_head = text.rstrip("\r\n")  # a record cut by a hard wrap: its end is on the next line
             return True
         return False
 
@@ -603,6 +629,10 @@ class MetricsExtractor(Extractor):
         if "train_runtime" in record:
             self._finished = True
             self.sink._evidence("metrics", line_at())
+            # the end-of-training record's average loss and run time (a paste of that record alone)
+            for key in ("train_loss", "train_runtime"):
+                if isinstance(record.get(key), float) and record[key] == record[key]:
+                    self._summary[key] = record[key]
         if "eval_loss" in record and isinstance(record["eval_loss"], float):
             self._eval_last = record["eval_loss"]
         if self._mem_key is not None or any("mem" in k for k in record):
@@ -672,6 +702,8 @@ class MetricsExtractor(Extractor):
             v["metrics.eval_loss_last"] = self._eval_last
         if self._finished:
             v["metrics.train_finished"] = True
+            for key, value in self._summary.items():
+                v["metrics." + key] = value
         if self._precisions:
             v["metrics.precision"] = self._precisions.pop() if len(self._precisions) == 1 else "both"
         if self._overflows:

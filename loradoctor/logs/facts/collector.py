@@ -25,6 +25,8 @@ from loradoctor.logs.reader import DIGITS_BLIND
 _TAIL_TRIGGERS: TriggerLiterals = (
     ("ERROR", False), ("FAIL", False), ("Fatal", False), ("FATAL", False), ("Segmentation fault", False),
     ("Aborted", False), ("core dumped", False),
+    # torch's dispatch refusal without its exception class (an issue title): `"addmm_impl_cpu_" not implemented for 'Half'`
+    ("not implemented for '", True),
 )
 
 

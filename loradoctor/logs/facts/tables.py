@@ -35,4 +35,6 @@ OOM_FIGURE_FIELDS = {"Currently allocated": "allocated_bytes", "Requested": "req
 # line with plain `in` tests: a case-insensitive regex alternation cost ~25 us a line, most of the
 # collector's time on a busy log.
 ERRORISH_WORDS = ("error", "exception", "traceback", "fail", "fatal", "killed", "abort", "segmentation fault",
-                  "core dumped", "out of memory", "nccl", "xid")
+                  "core dumped", "out of memory", "nccl", "xid",
+                  # torch's dispatch refusal pasted without its `RuntimeError:` (`"addmm_impl_cpu_" not implemented for 'Half'`)
+                  "not implemented for '")
