@@ -40,3 +40,12 @@ def test_a_round7_paste_lower_cased_still_names_its_cause_first(name, tmp_path):
     low.write_text((ROUND / name).read_text(encoding="utf-8").lower(), encoding="utf-8")
     report = engine.explain([str(low)])
     assert report.findings and report.findings[0].cause == cause, f"{name} (lower-cased): want {cause}\n{describe(report)}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPECT.items() if e.get("also")))
+def test_a_round7_paste_with_two_readings_keeps_the_other_in_the_top_three(name):
+    # where the numbers allow two readings (expect.yaml `why:`), the differential carries the other one
+    report = engine.explain([str(ROUND / name)])
+    top3 = [f.cause for f in report.findings[:3]]
+    for cause in EXPECT[name]["also"]:
+        assert cause in top3, f"{name}: want {cause} in the top 3\n{describe(report)}"
