@@ -328,6 +328,10 @@ class MetricsExtractor(Extractor):
         # `{'loss': ...}` dicts are found by the engine's block regex (METRIC_DICT_RE), not line by line
         ("loss=", False), ("loss:", False), ("wandb:", False), ("eval_loss", False), ("train_runtime", False),
         ("trainable params", False), ("mem=", False), ("memory/", False),
+        # a memory series printed by the script itself, any case: `max_memory_allocated: 12.1 GB`,
+        # `GPU memory allocated: 6.12 GB`, `mem_reserved 9.8GB` (torch.cuda.memory_allocated() and friends)
+        ("memory_allocated", True), ("memory allocated", True), ("mem_allocated", True),
+        ("memory_reserved", True), ("memory reserved", True), ("mem_reserved", True),
         # torchtune bar: `1|12|Loss: 1.87:`; mlx-lm `Iter 75: Train loss 3.3`; `step 9 | loss 2.3 | lr ...`
         ("rain loss ", False), ("| loss ", False), ("|Loss: ", False),
         # loops that are not the Trainer, any case: timm `Loss: 6.912 (6.930)  ...  LR: 1.000e-03`,

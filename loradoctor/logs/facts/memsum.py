@@ -24,8 +24,9 @@ class MemorySummary:
         return {f"memsum.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
+# (units in either case: a lower-cased paste keeps `mb`, which no vocabulary gives its case back)
 _MEMSUM_ROW_RE = lazy_re(r"^\|?\s*(Allocated memory|GPU reserved memory|Non-releasable memory)\s*\|\s*"
-                            r"(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|\s*(\d+(?:\.\d+)?\s*[KMGT]?i?B)\s*\|")
+                            r"(\d+(?:\.\d+)?\s*[KMGTkmgt]?i?[Bb])\s*\|\s*(\d+(?:\.\d+)?\s*[KMGTkmgt]?i?[Bb])\s*\|")
 _MEMSUM_COUNTERS_RE = lazy_re(r"CUDA OOMs:\s*(\d+)\s*\|\s*cudaMalloc retries:\s*(\d+)")
 
 

@@ -19,7 +19,7 @@ from loradoctor.logs.facts.tables import WANDB_KEYS as _WANDB_KEYS
 
 _METRIC_RE = lazy_re(
     r"""(?<![\w/])['"]?([A-Za-z_][\w/().\-]{0,60}?)['"]?\s*[:=]\s*(?:tensor\()?['"]?(""" + _NUMBER
-    + r""")(?:\s?([KMGT]i?B|[KMGT]))?(?![\w.])""")
+    + r""")(?:\s?([KMGT]i?B|[kmgt]i?b|[KMGT]))?(?![\w.])""")  # `gb`: lower-cased pastes, hand-written prints
 # A Trainer log dict: `{'loss': 1.23, 'grad_norm': 0.5, ...}` (group 1 the loss, group 2 the rest)
 # or a JSON record with a "loss" key (trainer_state.json log_history, jsonl loggers; may span lines).
 # The Trainer's dicts are flat: the rest stops at a `{`, so a start that is no dict (a line of

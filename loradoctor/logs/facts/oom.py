@@ -123,6 +123,10 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         return OomMessage(era="bare") if bare else None
     requested = _size(m.group(3))
     rest = text[m.end():]
+    if "pytorch" in rest or "of the allocated" in rest:
+        # a lower-cased paste gets its case back block by block, before wrapped lines are joined: a clause
+        # that a terminal broke in two (`is r` / `eserved by pytorch`) stayed lower-case
+        rest = rest.replace("by pytorch", "by PyTorch").replace("of the allocated memory", "Of the allocated memory")
     hint = None
     if "expandable_segments" in rest:
         hint = "expandable_segments"
