@@ -22,7 +22,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.loss_repeat_period", "metrics.loss_repeated_records",
     "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",
     "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",
-    "metrics.train_finished", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
+    "metrics.train_finished", "metrics.train_loss", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
     "metrics.mem_rising_records", "metrics.precision", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
     # trace

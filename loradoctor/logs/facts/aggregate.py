@@ -348,6 +348,7 @@ class MetricsExtractor(Extractor):
         self.loss = LossAggregate()
         self._eval_last = None
         self._finished = False
+        self._train_loss: float | None = None  # the end-of-training record's run average
         self._overflows = 0
         self._scale_min: Optional[float] = None
         self._mem_key: Optional[str] = None
@@ -382,7 +383,7 @@ class MetricsExtractor(Extractor):
                 self.sink._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
                 self.sink._evidence("peft", line)
                 touched = True
-        if "verflow" in text or "OVERFLOW" in text:
+        if "verflow" in text or "OVERFLOW" in text or "Skipping step" in text:
             self._overflow(line)
             touched = True
         if "16" in text and len(self._precisions) < 2:
@@ -597,6 +598,8 @@ class MetricsExtractor(Extractor):
         """Aggregate one metric record (the streaming facts of docs/facts.md `metrics.*`)."""
         if "train_runtime" in record:
             self._finished = True
+            if isinstance(record.get("train_loss"), float):
+                self._train_loss = record["train_loss"]
             self.sink._evidence("metrics", line_at())
         if "eval_loss" in record and isinstance(record["eval_loss"], float):
             self._eval_last = record["eval_loss"]
@@ -667,6 +670,8 @@ class MetricsExtractor(Extractor):
             v["metrics.eval_loss_last"] = self._eval_last
         if self._finished:
             v["metrics.train_finished"] = True
+        if self._train_loss is not None:
+            v["metrics.train_loss"] = self._train_loss
         if self._precisions:
             v["metrics.precision"] = self._precisions.pop() if len(self._precisions) == 1 else "both"
         if self._overflows:
