@@ -227,6 +227,13 @@ def test_flat_zero_and_finished():
     assert f["metrics.train_loss"] == 0.2  # the end-of-training record's run average
 
 
+def test_loss_before_zero_is_the_record_before_the_first_exact_zero():
+    f = collect(["{'loss': 1.7}", "{'loss': 1.69}", "{'loss': 0.0}", "{'loss': 0.0}"]).flat()
+    assert f["metrics.loss_before_zero"] == 1.69 and f["metrics.last_loss"] == 0.0
+    assert "metrics.loss_before_zero" not in collect(["{'loss': 0.0}", "{'loss': 0.0}"]).flat()
+    assert "metrics.loss_before_zero" not in collect(["{'loss': 1.2}", "{'loss': 0.9}"]).flat()
+
+
 def test_train_loss_needs_the_end_of_training_record():
     f = collect(["{'loss': 1.2, 'train_loss': 1.1}", "{'loss': 1.0}"]).flat()
     assert "metrics.train_loss" not in f
