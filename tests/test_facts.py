@@ -224,6 +224,19 @@ def test_flat_zero_and_finished():
     assert f["metrics.loss_zero_count"] == 30 and f["metrics.loss_flat_steps"] == 30
     assert f["metrics.loss_range"] == 0.5 and f["metrics.train_finished"] is True
     assert f["metrics.steps"] == 32  # train_loss is not a step record
+    assert f["metrics.train_loss"] == 0.2  # the end-of-training record's run average
+
+
+def test_loss_before_zero_is_the_record_before_the_first_exact_zero():
+    f = collect(["{'loss': 1.7}", "{'loss': 1.69}", "{'loss': 0.0}", "{'loss': 0.0}"]).flat()
+    assert f["metrics.loss_before_zero"] == 1.69 and f["metrics.last_loss"] == 0.0
+    assert "metrics.loss_before_zero" not in collect(["{'loss': 0.0}", "{'loss': 0.0}"]).flat()
+    assert "metrics.loss_before_zero" not in collect(["{'loss': 1.2}", "{'loss': 0.9}"]).flat()
+
+
+def test_train_loss_needs_the_end_of_training_record():
+    f = collect(["{'loss': 1.2, 'train_loss': 1.1}", "{'loss': 1.0}"]).flat()
+    assert "metrics.train_loss" not in f
 
 
 def test_memory_metric_growth():
@@ -251,6 +264,13 @@ def test_peft_and_overflow():
     ]).flat()
     assert f["peft.trainable_params"] == 4194304 and f["peft.all_params"] == 6742609920
     assert f["metrics.overflow_skips"] == 2 and f["metrics.loss_scale_min"] == 16384
+
+
+def test_deepspeed_overflow_line_without_its_head():
+    # an issue title or a quoted line keeps only the sentence after `[deepspeed] OVERFLOW!`
+    f = collect(["Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"]).flat()
+    assert f["metrics.overflow_skips"] == 1 and f["metrics.loss_scale_min"] == 32768
+    assert "metrics.overflow_skips" not in collect(["Skipping step 3: empty batch"]).flat()
 
 
 # --- traces ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     # metrics
     "metrics.steps", "metrics.first_loss", "metrics.last_loss", "metrics.min_loss", "metrics.max_loss",
     "metrics.loss_nan_count", "metrics.first_nonfinite_index", "metrics.finite_before_nan", "metrics.trailing_nan_count",
-    "metrics.loss_zero_count", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
+    "metrics.loss_zero_count", "metrics.loss_before_zero", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
     "metrics.loss_repeat_period", "metrics.loss_repeated_records",
     "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",
     "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",

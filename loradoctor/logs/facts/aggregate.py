@@ -113,6 +113,7 @@ class LossAggregate:
         self.loss_nan = 0  # non-finite losses
         self.trailing_nan = 0  # non-finite losses at the end of the series so far
         self.loss_zero = 0
+        self.before_zero: Optional[float] = None  # the finite loss just before the first exact 0
         self.first_nonfinite: Optional[int] = None  # 1-based record of the first non-finite loss or grad norm
         self.finite_before_nan = 0
         self.flat_run = 0  # consecutive finite records whose loss changed by < 1e-4, ending at the last
@@ -138,6 +139,7 @@ class LossAggregate:
         if finite:
             if self.loss_first is None:
                 self.loss_first = loss
+            last_finite = self.loss_last
             self.loss_last = loss
             if self.loss_min is None or loss < self.loss_min:
                 self.loss_min = loss
@@ -147,6 +149,8 @@ class LossAggregate:
             if self.loss_max is None or loss > self.loss_max:
                 self.loss_max = loss
             if loss == 0:
+                if not self.loss_zero and self.records > 1:
+                    self.before_zero = last_finite
                 self.loss_zero += 1
             if self.prev_loss is not None and -1e-4 < loss - self.prev_loss < 1e-4:
                 self.flat_run += 1
@@ -208,6 +212,9 @@ class LossAggregate:
         if values:
             if self.loss_first is None:
                 self.loss_first = values[0]
+            if not self.loss_zero and 0.0 in values:
+                at = values.index(0.0)
+                self.before_zero = values[at - 1] if at else self.loss_last
             self.loss_last = values[-1]
             self.loss_zero += values.count(0.0)
             low, high = min(values), max(values)
@@ -279,6 +286,8 @@ class LossAggregate:
             v["metrics.max_loss"] = self.loss_max
             v["metrics.loss_range"] = self.loss_max - self.loss_min  # type: ignore[operator]
             v["metrics.loss_flat_steps"] = self.flat_best
+            if self.before_zero is not None:
+                v["metrics.loss_before_zero"] = self.before_zero
             if self.max_after_min is not None and self.loss_min and self.loss_min > 0:
                 v["metrics.loss_rise_ratio"] = self.max_after_min / self.loss_min
             repeat = self.repeat.result()
@@ -415,7 +424,7 @@ class MetricsExtractor(Extractor):
                 self.sink._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
                 self.sink._evidence("peft", line)
                 touched = True
-        if "verflow" in text or "OVERFLOW" in text:
+        if "verflow" in text or "OVERFLOW" in text or "Skipping step" in text:
             self._overflow(line)
             touched = True
         if "16" in text and len(self._precisions) < 2:
