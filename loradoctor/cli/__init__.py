@@ -148,7 +148,6 @@ def entry() -> None:
     import atexit
     import gc
     import os
-    import threading
 
     # start-up allocates tens of thousands of long-lived objects (modules, the rule library) and frees
     # few: collecting young objects every 700 allocations then costs ~10 ms for nothing. The command
@@ -158,8 +157,8 @@ def entry() -> None:
     _gc_saved = gc.get_threshold()
     gc.set_threshold(STARTUP_GC_THRESHOLD, *_gc_saved[1:])
     code = main()
-    if threading.active_count() > 1 and any(not t.daemon for t in threading.enumerate()
-                                            if t is not threading.main_thread()):
+    threading = sys.modules.get("threading")  # not imported: no thread was started (importing it costs ~1 ms)
+    if threading is not None and any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:

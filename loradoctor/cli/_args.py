@@ -23,11 +23,24 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{command}: {message} (loradoctor {command} --help)" if command else message)
 
 
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's raw-description formatter, told the terminal width (render.output.terminal_columns) so that
+    it does not import shutil to learn it: argparse builds a formatter for every option it adds."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: Optional[int] = None) -> None:
+        if width is None:
+            from loradoctor.render.output import terminal_columns
+
+            width = terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 def new_parser(name: str, description: str, epilog: str = "",
                func: Optional[Callable[[dict[str, Any]], int]] = None) -> Parser:
     """An empty parser for `loradoctor NAME`; the description and epilog keep their line breaks."""
     p = Parser(prog=f"loradoctor {name}", description=description, epilog=epilog or None, allow_abbrev=False,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=Formatter)
     # Listed here for --help; main() takes them off the command line first (loradoctor.redact.install).
     p.add_argument("--redact", action="store_true", default=argparse.SUPPRESS,
                    help="replace secrets, e-mails, IPs, host and user names in the report (on for --format md)")
@@ -45,7 +58,7 @@ def add_subcommands(parser: Parser) -> Any:
 
 def sub_parser(subs: Any, name: str, description: str, func: Callable[[dict[str, Any]], int]) -> Parser:
     p = subs.add_parser(name, help=description.split("\n")[0].rstrip("."), description=description,
-                        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        allow_abbrev=False, formatter_class=Formatter)
     p.set_defaults(func=func)
     return p
 

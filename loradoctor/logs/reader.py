@@ -13,15 +13,11 @@ and exists for tests and small inputs.
 
 from __future__ import annotations
 
-import bz2
 import codecs
-import gzip
 import io
-import lzma
 import os
 import re
 import sys
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
@@ -41,8 +37,17 @@ MAX_DECOMPRESSED_BYTES = 1 << 30
 BOMB_RATIO = 100
 BOMB_FLOOR_BYTES = 16 << 20
 _limits = {"max": MAX_DECOMPRESSED_BYTES, "ratio": True}
-# What a read error can be: OSError (BadGzipFile included), EOFError (truncated), and the codecs' own.
-READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+
+
+def read_errors() -> tuple:
+    """What a read error can be: OSError (BadGzipFile included), EOFError (truncated), and the codecs' own
+    once their module is loaded (only reading a compressed file loads gzip / bz2 / lzma: ~2 ms a start)."""
+    errors: list = [OSError, EOFError]
+    for module, name in (("lzma", "LZMAError"), ("zlib", "error")):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            errors.append(getattr(loaded, name))
+    return tuple(errors)
 
 
 def set_decompressed_limit(max_bytes: Optional[int]) -> None:
@@ -151,10 +156,16 @@ def _is_log_name(path: Path) -> bool:
 
 def _open_decompressed(path: Path, kind: Optional[str]) -> BinaryIO:
     if kind == "gz":
+        import gzip
+
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if kind == "bz2":
+        import bz2
+
         return bz2.open(path, "rb")  # type: ignore[return-value]
     if kind == "xz":
+        import lzma
+
         return lzma.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
 
@@ -169,7 +180,7 @@ def _check_file(path: Path, shown: str, explicit: bool) -> Optional[Input]:
             head = fh.read(SNIFF_BYTES)
     except PermissionError:
         raise UserError(f"{shown}: permission denied") from None
-    except READ_ERRORS as exc:
+    except read_errors() as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         if kind and not isinstance(exc, PermissionError):
             reason += f"; a truncated or corrupt {kind} file?"
@@ -264,10 +275,16 @@ class _PrefixedStream(io.RawIOBase):
 
 def _wrap_decompress(raw: BinaryIO, kind: Optional[str]) -> BinaryIO:
     if kind == "gz":
+        import gzip
+
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if kind == "bz2":
+        import bz2
+
         return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
     if kind == "xz":
+        import lzma
+
         return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
     return raw
 
@@ -695,7 +712,7 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                     nl = probe.find(b"\n")
                     size += nl + 1 if nl >= 0 else len(probe)
                 chunk = stream.read(size)
-            except READ_ERRORS as exc:
+            except read_errors() as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
             if item.compressed:
                 decompressed += len(chunk)
@@ -712,7 +729,7 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                 # finish the last line from the stream: one copy instead of cutting and re-joining
                 try:
                     chunk += stream.readline(block_bytes)
-                except READ_ERRORS as exc:
+                except read_errors() as exc:
                     raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
             if item.source is None:
                 read_bytes += len(chunk)

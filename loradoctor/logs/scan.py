@@ -129,7 +129,11 @@ class Prefilter:
         self._unique = sorted(unique, key=lambda k: len(k[0]))
         self._minimal: "list[tuple[bytes, bool]] | None" = None
         self._kept = self._unique
-        self.plan(sample)
+        # planned now with a sample, else on first use: the engine plans on the input's first block
+        # anyway, so a plan from the built-in byte guesses here (~5 ms) would be thrown away
+        self._planned = False
+        if sample:
+            self.plan(sample)
 
     def _minimal_literals(self) -> list[tuple[bytes, bool]]:
         if self._minimal is None:
@@ -204,6 +208,11 @@ class Prefilter:
         self.misses = 0
         self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
         self.anchor_bytes = bytes(sorted(anchor_bytes))
+        self._planned = True
+
+    def _ensure_planned(self) -> None:
+        if not self._planned:
+            self.plan(b"")
 
     @property
     def kept(self) -> list[tuple[bytes, bool]]:
@@ -213,6 +222,7 @@ class Prefilter:
 
     @property
     def needles(self) -> list[bytes]:
+        self._ensure_planned()
         return [bytes((b,)) for b in self.anchor_bytes] + self._alone_cs + self._alone_ci
 
     def candidates(self, block: bytes, masked: Iterable[tuple[int, int]] = ()) -> list[Segment]:
@@ -224,6 +234,7 @@ class Prefilter:
         again on a sample of this block."""
         if not self._kept:
             return []
+        self._ensure_planned()
         found: dict[int, Segment] = {}
         size = len(block)
         self.misses = 0

@@ -39,9 +39,9 @@ class Painter:
         if not tty:
             return cls()
         color = not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
-        import shutil  # here: its import (~3 ms) is not needed before a report is written
+        from loradoctor.render.output import terminal_columns
 
-        return cls(color=color, width=shutil.get_terminal_size((100, 24)).columns)
+        return cls(color=color, width=terminal_columns(100))
 
     def style(self, text: str, *styles: str) -> str:
         codes = [ANSI[s] for s in styles if s in ANSI]
