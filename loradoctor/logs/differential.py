@@ -41,14 +41,14 @@ _WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
 _NO_FAMILY_RE = lazy_re(r"^(?:[\w.]*\.)?NameError: |\b(?:list|tuple|string) index out of range", re.I)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Alternative:
     cause: str
     when: Any  # a compiled Condition, or None (always plausible)
     tells_apart: str
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Guess:
     cause: str
     match: re.Pattern

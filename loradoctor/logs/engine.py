@@ -129,7 +129,7 @@ def _scan_literals(text: str, case: list, nocase: list) -> set:
     return found
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _RuleState:
     matches: list = field(default_factory=list)  # (Line, match)
     required: list = field(default_factory=list)  # bool per require_all
@@ -780,7 +780,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
 # ---------------------------------------------------------------------------------------------
 # findings and ranking
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class _Candidate:
     rule: Rule
     finding: Finding

@@ -97,7 +97,7 @@ class Literal:
     ignore_case: bool = False
 
 
-@dataclass
+@dataclass(eq=False, repr=False)
 class Segment:
     """A candidate: [start, end) of a `\\r`/`\\n`-delimited segment inside its physical line."""
 

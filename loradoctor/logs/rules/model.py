@@ -14,7 +14,7 @@ from loradoctor.logs.rules.redos import static_problems
 from loradoctor.logs.rules.literals import _literals_for, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
 
-@dataclass
+@dataclass(eq=False, repr=False)  # identity is a rule's equality; 33 generated fields cost start-up
 class Rule:
     id: str
     cause: str
@@ -80,6 +80,9 @@ class Rule:
 
         self.fix_conditions = compile_fix_conditions(
             [(source(self.fix_when, i), source(self.fix_unless, i)) for i in range(len(self.fixes))], problems=problems)
+
+    def __repr__(self) -> str:
+        return f"Rule({self.id!r}, cause={self.cause!r})"
 
     def to_dict(self) -> dict:
         return {
