@@ -4,18 +4,28 @@ env/facts.unlisted_bytes, the same code that `env --from` and the live env check
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import Extractor, Sink
 
-_HEADER_RE = lazy_re(r"NVIDIA-SMI\s.*Driver Version")  # the table's first row
+_HEADER_RE = lazy_re(r"NVIDIA-SMI\s.*Driver Version", re.I)  # the table's first row (any case: a lower-cased paste)
 
 MAX_TABLE_LINES = 120  # a table of 8 GPUs and a few dozen processes; more is not a table
 
 
+def _unquoted(text: str) -> str:
+    """The row without the reply quotes (`> `) and indentation a paste put before it (the reader peels one
+    layer of prefix; a quote inside an indented or container-prefixed paste is still there)."""
+    text = text.lstrip()
+    while text.startswith(">"):
+        text = text[1:].lstrip()
+    return text
+
+
 def _table_line(text: str) -> bool:
-    return text.strip().startswith(("|", "+"))
+    return _unquoted(text).startswith(("|", "+"))
 
 
 class SmiExtractor(Extractor):
@@ -26,8 +36,8 @@ class SmiExtractor(Extractor):
     memory row and the process rows `MiB`, or their `N/A  N/A` columns), the borders none; so the table
     ends at the first line handed over that is not a table row."""
 
-    TRIGGERS = (("NVIDIA-SMI", False), ("MiB", False), ("0000:", False), ("Processes:", False),
-                ("No running processes found", False),
+    TRIGGERS = (("NVIDIA-SMI", True), ("MiB", True), ("0000:", False), ("Processes:", True),
+                ("No running processes found", True),
                 ("N/A  N/A", False))  # a process row whose memory is N/A (Windows): its GI / CI columns
 
     def __init__(self, sink: Sink) -> None:
@@ -41,7 +51,7 @@ class SmiExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        header = "NVIDIA-SMI" in text and _HEADER_RE.search(text) is not None
+        header = ("NVIDIA-SMI" in text or "nvidia-smi" in text) and _HEADER_RE.search(text) is not None
         if self._lines is None:
             if header:
                 self._lines = [line]
@@ -66,15 +76,15 @@ class SmiExtractor(Extractor):
         from loradoctor.env.facts import unlisted_bytes, unlisted_is_large
         from loradoctor.env.snapshot import import_nvidia_smi_table
 
-        nvidia = import_nvidia_smi_table("\n".join(ln.text.strip() for ln in lines)).get("nvidia") or {}
+        nvidia = import_nvidia_smi_table("\n".join(_unquoted(ln.text) for ln in lines)).get("nvidia") or {}
         for gpu in nvidia.get("gpus") or []:
             unlisted = unlisted_bytes(gpu)
             if unlisted is None or (self._best is not None and unlisted <= self._best[0]):
                 continue
             used = gpu["memory_used_bytes"]
-            mib = f"{used >> 20}MiB /"
-            row = next((ln for ln in lines if mib in ln.text), None)
-            empty = next((ln for ln in lines if "No running processes found" in ln.text), None)
+            mib = f"{used >> 20}mib /"
+            row = next((ln for ln in lines if mib in ln.text.lower()), None)
+            empty = next((ln for ln in lines if "no running processes found" in ln.text.lower()), None)
             total = gpu.get("memory_total_bytes") or 0
             self._best = (unlisted, gpu.get("index", 0), used, total, [ln for ln in (row, empty) if ln is not None],
                           len(gpu.get("processes") or []), unlisted_is_large(unlisted, total))
