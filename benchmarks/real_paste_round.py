@@ -36,7 +36,14 @@ def score(folder: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
     folder = Path(argv[0])
+    if not (folder / "expect.yaml").is_file():
+        print(f"real_paste_round: {folder}/expect.yaml not found (give a round folder such as "
+              f"fixtures/pastes/round-7)", file=sys.stderr)
+        return 2
     result = score(folder)
     if "--json" in argv:
         print(json.dumps(result, indent=1))
