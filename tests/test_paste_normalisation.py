@@ -44,6 +44,21 @@ def test_metric_records_and_bars_say_nothing_about_case():
     assert reader.is_lowered(b"epoch 1/3: 100%|##########| 500/500 [05:00<00:00, loss=nan]\nkilled\n")
 
 
+def test_a_container_runtime_prefix_does_not_hide_a_lower_cased_paste(tmp_path):
+    line = "2024-05-01T10:00:00.123Z stdout F valueerror: asking to pad but the tokenizer does not have a padding token\n"
+    assert reader.is_lowered(line.encode())
+    assert not reader.is_lowered(b"2024-05-01T10:00:00.123Z stderr F ValueError: Asking to pad\n")
+    report = explain_text(tmp_path, line)
+    assert report.findings and report.findings[0].cause == "train.tokenizer_setup"
+
+
+def test_lower_cased_apex_overflow_lines_still_count(tmp_path):
+    lines = "".join(f"gradient overflow.  skipping step, loss scaler 0 reducing loss scale to {2 ** k}.0\n"
+                    for k in (15, 14, 13))
+    facts = explain_text(tmp_path, "is this a problem? training prints these lines:\n" + lines).facts
+    assert facts.get("metrics.overflow_skips") == 3
+
+
 def test_recasing_keeps_paths_and_ambiguous_words(recaser):
     text = b'  file "/usr/lib/python3/site-packages/transformers/trainer.py", line 1885, in train\nan error occurred'
     cased = recaser.recase(text).decode()

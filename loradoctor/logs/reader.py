@@ -389,12 +389,16 @@ def is_lowered(sample: bytes) -> bool:
     first block holds only them says nothing about case (it was read as lower-cased, and every rule then
     ignored case for the whole input)."""
     if not sample.islower():
-        return False
+        # a container runtime's line prefix (`2024-05-01T10:00:00.123Z stdout F `) carries capitals of its own
+        sample = _CASELESS_CRI_RE.sub(b"", sample)
+        if not sample.islower():
+            return False
     return _CASELESS_BAR_RE.sub(b"", _CASELESS_RECORD_RE.sub(b"", sample)).islower()
 
 
 # a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
 # to its closing bracket (`100%|#####| 500/500 [05:00<00:00, 1.66it/s]`); a bar's description stays
+_CASELESS_CRI_RE = lazy_re(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 _CASELESS_RECORD_RE = lazy_re(rb"\{['\"][a-z_/]+['\"]: [^{}\r\n]*\}")
 _CASELESS_BAR_RE = lazy_re(rb"\d{1,3}%\|[^|\r\n]{0,400}\|[^\[\r\n]{0,80}\[[^\]\r\n]{0,120}\]")  # bounded: no rescans
 

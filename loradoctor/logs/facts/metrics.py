@@ -225,7 +225,9 @@ def precision_of(text: str) -> Optional[str]:
 
 _PEFT_RE = lazy_re(r"trainable params:\s*([\d,.]+)\s*\|\|\s*all params:\s*([\d,.]+)")
 _FLOAT = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
-_APEX_OVERFLOW_RE = lazy_re(r"Gradient overflow\.\s+Skipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
+# `[Ss]kipping`: a lower-cased paste gets `Gradient overflow` back from the vocabulary, but not the `Skipping`
+# of a line with two spaces after the full stop
+_APEX_OVERFLOW_RE = lazy_re(r"Gradient overflow\.\s+[Ss]kipping step(?:.*?reducing loss scale to\s*" + _FLOAT + ")?")
 # (a retyped title or a quoted line keeps only `Rank 0 Skipping step. Attempted loss scale: ...`)
 _DS_OVERFLOW_RE = lazy_re(r"(?:OVERFLOW! )?Rank \d+ Skipping step\.?(?:.*?reducing to\s*" + _FLOAT + ")?")
 # older DeepSpeed / fused optimizers: "Overflow detected. Skipping step. Attempted loss scale: 1024, reducing to 512"
