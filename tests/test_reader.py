@@ -402,3 +402,24 @@ def test_typographic_quotes_are_straightened(tmp_path):
     log.write_text("ImportError: cannot import name ‘EncoderDecoderCache’ from ‘transformers’ (/venv/lib/python3.10/"
                    "site-packages/transformers/__init__.py)\n", encoding="utf-8")
     assert explain([str(log)]).findings[0].cause == "env.version_conflict"
+
+
+def test_a_wrap_through_repeated_frame_paths_is_detected():
+    """Six frames under one long site-packages path are cut at the same column: one distinct full-width line.
+    The share of full-width lines compares distinct lines with distinct lines (it compared 2 distinct with
+    15 counted, and the 80-column wrap of a short traceback went unseen)."""
+    from loradoctor.logs import reader
+
+    path = "/home/user/miniconda3/envs/llm/lib/python3.10/site-packages/torch/distributed/"
+    frames = "".join(f'  File "{path}{name}.py", line {n}, in {fn}\n    {code}\n' for name, n, fn, code in (
+        ("c10d_logger", 75, "wrapper", "return func(*args, **kwargs)"),
+        ("distributed_c10d", 1305, "init_process_group", "store, rank, world_size = next(rendezvous_iterator)"),
+        ("rendezvous", 234, "_env_rendezvous_handler", 'rank = int(_get_env_or_raise("RANK"))'),
+        ("rendezvous", 219, "_get_env_or_raise", "raise _env_error(env_var)"),
+        ("elastic/utils/store", 64, "synchronize", "agent_data = get_all(store, rank, key_prefix, world_size)"),
+        ("elastic/utils/store", 32, "get_all", "data_arr = store.multi_get([f'{prefix}{idx}' for idx in range(n)])")))
+    text = ("Traceback (most recent call last):\n" + frames + "ValueError: Error initializing torch.distributed using "
+            "env:// rendezvous: environment variable RANK expected, but not set\n")
+    wrapped = "".join(line[i:i + 80] + "\n" for line in text.splitlines() for i in range(0, max(len(line), 1), 80))
+    assert reader.detect_wrap_width(wrapped.encode()) == 80
+    assert reader.detect_wrap_width(text.encode()) is None

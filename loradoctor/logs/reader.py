@@ -578,7 +578,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
             cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
-    wide = sum(1 for line in counted if len(line) >= 40)
+    wide = len({line for line in counted if len(line) >= 40})  # distinct, as full_lines is
     needed = 2 if width in CONSOLE_WIDTHS else WRAP_MIN_FULL_LINES
     if cut >= needed and cut >= full / 2 and full >= WRAP_MIN_SHARE * wide:
         return width
