@@ -156,8 +156,11 @@ def _fixes(raw: Any, where: str) -> list[CatalogueFix]:
                 raise CatalogueError(f"{where}: fixes[{i}].{key} must be a condition (a string)")
     sources = [(fx.get("when"), fx.get("unless")) for fx in raw]
     problems: list[str] = []
-    conditions = compile_fix_conditions(sources, CHECK_FACT_SET, "a catalogue fix names what the env check found: "
-                                        + ", ".join(CHECK_FACTS), problems)
+    if any(w or u for w, u in sources):
+        conditions = compile_fix_conditions(sources, CHECK_FACT_SET, "a catalogue fix names what the env check found: "
+                                            + ", ".join(CHECK_FACTS), problems)
+    else:  # most fixes have no condition: nothing to compile (a catalogue load is on every explain's path)
+        conditions = [(None, None)] * len(sources)
     if problems:
         raise CatalogueError(f"{where}: {problems[0]}")
     return [CatalogueFix(fx["text"], fx.get("command"), fx.get("only"), when, unless, conditions=pair)
