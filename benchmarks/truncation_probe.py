@@ -39,8 +39,11 @@ def cut_text(text: str, cut: str) -> str:
     if cut == "tail":
         return text[: (len(text) * 2) // 3]
     n = int(cut)
-    return "".join(line[:n] + ("\n" if line.endswith("\n") else "")
-                   for line in text.splitlines(keepends=True))
+    out = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        out.append(body[:n] + line[len(body):])
+    return "".join(out)
 
 
 def cases() -> list[tuple[Path, str]]:
