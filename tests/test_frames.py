@@ -238,3 +238,20 @@ def test_bnb_4bit_from_the_source_line_under_a_bitsandbytes_frame():
     eight = collect(base + ["    out = bnb.matmul(x, self.weight, bias=self.bias, state=self.state)", OOM])
     assert "trace.bnb_4bit" not in eight
     assert "trace.bnb_4bit" not in collect(cpython(PHASES["forward"]))
+
+
+def test_a_frame_line_cut_inside_the_function_name_keeps_its_phase():
+    """A paste cut at a terminal / title width ends inside the innermost frame's name (issue 10)."""
+    text = ('  File "/workspace/src/llamafactory/model/loader.py", line 162, in load_it\n'
+            '  File "/root/.local/lib/python3.10/site-packages/transformers/modeling_utils.py", line 4833, in _load_pretrain\n')
+    assert [f.function for f in parse_frames(text)][-1] == "_load_pretrain"
+    assert location_from_frames(parse_frames(text)) == "load"
+    cut_save = [("trainer.py", "train"), ("trainer.py", "_save_checkpo")]
+    assert location_from_frames(cut_save) == "save"
+
+
+@pytest.mark.parametrize("name", ["_load", "save_m", "evaluate_model_on_the_side"])
+def test_short_or_unknown_names_are_not_read_as_cut(name):
+    """Under 8 characters (`_load`, `save_m`) a cut name could begin anything; a name longer than every
+    table name (`evaluate_model_on_the_side`) is no cut one."""
+    assert location_from_frames([("train.py", "main"), ("train.py", name)]) is None

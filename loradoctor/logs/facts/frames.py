@@ -156,6 +156,23 @@ def _as_frame(f: Any) -> Frame:
     return f if isinstance(f, Frame) else Frame(f[0], 0, f[-1], "")
 
 
+# A frame line cut at a terminal / title width ends inside the function name (`in _load_pretrain`): a name
+# at least this long that begins exactly one phase's names (and is none itself) reads as that phase.
+_CUT_NAME_MIN = 8
+
+
+def _cut_phase(keys: Sequence[str], table: FrameTable) -> Optional[str]:
+    """The specific phase a cut function name begins, innermost frame first; None when no frame has one
+    or a name begins names of two phases."""
+    for key in reversed(keys):
+        if len(key) < _CUT_NAME_MIN:
+            continue
+        phases = {phase for phase, names in table.specific if any(n != key and n.startswith(key) for n in names)}
+        if len(phases) == 1:
+            return phases.pop()
+    return None
+
+
 def location_from_frames(frames: Sequence[Any], sources: Iterable[str] = ()) -> Optional[str]:
     """Phase from frames (Frame, or (file, function) pairs), outermost first: load / merge / save /
     eval / generate / optimizer / backward / forward, or None. Load/merge/save/eval/generate come from
@@ -169,6 +186,9 @@ def location_from_frames(frames: Sequence[Any], sources: Iterable[str] = ()) -> 
         for phase, names in table.specific:
             if key in names:
                 return phase
+    cut = _cut_phase(keys, table)
+    if cut:
+        return cut
     present = set(keys)
     if not present & table.step_keys:
         if any(f.function in table.move for f in items) or any(_LOAD_SOURCE_RE.search(src) for src in sources):
