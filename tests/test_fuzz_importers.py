@@ -134,3 +134,25 @@ def test_config_files_with_wrong_types(tmp_path_factory, reader, data, suffix):
             configs.read_config(path)
         except UserError:
             pass
+
+
+def test_a_blank_run_inside_an_nvidia_smi_row_is_read_in_bounded_time(tmp_path):
+    """Found by benchmarks/fuzz_campaign.py (seed 11): 3,000 tabs after a GPU row's bus id made the row
+    regexes backtrack for 13 s. A line far longer than any table row is left out, by `env --from` and by
+    the log extractor that reads a pasted table with the same importer."""
+    from loradoctor.env.snapshot import load_snapshot
+    from loradoctor.logs import engine
+
+    table = (FIXTURES / "env" / "nvidia_smi_580_h100x2.txt").read_text(encoding="utf-8")
+    row = next(line for line in table.splitlines() if line.startswith("|   1 "))
+    hostile = table.replace(row, row.replace("00000000:", "00000000:" + "\t" * 3000, 1))
+    paste = tmp_path / "nvidia-smi.txt"
+    paste.write_text(hostile, encoding="utf-8")
+    with bounded(2.0):  # milliseconds when the row is left out; 13 s when the row regexes backtracked over it
+        gpus = load_snapshot(str(paste))["nvidia"]["gpus"]
+    assert [g["index"] for g in gpus] == [0]  # the mangled row is no row
+    log = tmp_path / "oom-then-smi.log"
+    log.write_text("RuntimeError: CUDA error: out of memory\n" + hostile.replace("\t" * 3000, "\t" * 8000),
+                   encoding="utf-8")
+    with bounded():
+        engine.explain([str(log)])

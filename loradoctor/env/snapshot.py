@@ -385,6 +385,7 @@ def _norm(name: str) -> str:
 
 # ------------------------------------------------------------- nvidia-smi (table)
 
+SMI_ROW_MAX_CHARS = 400  # far past any real row of the nvidia-smi table (R470 to R580: 79 to 91 characters)
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+CUDA Version:\s*([\d.]+|N/A)", re.I)
 _SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
 _SMI_USE_ROW = re.compile(
@@ -412,7 +413,9 @@ def import_nvidia_smi_table(text: str) -> dict:
     from loradoctor.env.checks import gpu_cc_from_name
 
     gpus: list[dict] = []
-    lines = text.splitlines()
+    # a row of the table is ~90 characters; a longer line is no row, and the row regexes (lazy name, runs
+    # of blanks) would backtrack over it: a 3,000-tab GPU row took 13 s. Such lines are left out.
+    lines = [line if len(line) <= SMI_ROW_MAX_CHARS else "" for line in text.splitlines()]
     for n, line in enumerate(lines):
         m = _SMI_GPU_ROW.match(line)
         if m:
