@@ -108,29 +108,42 @@ def test_contained_in_follows_the_case_rules():
     assert contained_in([]) == []
 
 
-def test_matcher_hits_are_digit_blind_only_for_digit_free_literals():
+def _naive_union(items, text, empty):
+    found = empty()
+    for lit, ci, payload in items:
+        if (lit.lower() in text.lower()) if ci else (lit in text):
+            found |= payload
+    return found
+
+
+def test_literal_index_is_the_naive_union_with_digits_and_case():
+    """The one literal index (engine targets and collector bits): the same answer as testing every literal,
+    with digit-blind verdicts remembered and literals with digits tested on the real line."""
+    from loradoctor.logs.scan import LiteralIndex
+
+    items = [("Xid", False, 1), ("79, pid", False, 2), ("fallen off", True, 4), ("xid (pci:0000", True, 8),
+             ("13, pid", False, 16), ("NVRM", False, 32), ("nvrm", False, 64), ("Xid", False, 128)]
+    index = LiteralIndex(items, int)
+    xid79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has Fallen Off the bus."
+    xid13 = xid79.replace("79", "13")  # the same digit-blind line, another Xid number
+    for text in (xid79, xid13, xid79.lower(), "nothing here", ""):
+        assert index.find(text) == _naive_union(items, text, int), text
+    assert index.find(xid79) & 2 and not index.find(xid13) & 2  # the digit literal is not blinded away
+    assert index.find(xid79) & 129 == 129  # one literal's payloads are merged
+    sets = LiteralIndex([(lit, ci, {n}) for lit, ci, n in items], set)
+    assert sets.find(xid13) == _naive_union([(lit, ci, {n}) for lit, ci, n in items], xid13, set)
+
+
+def test_matcher_hits_are_the_union_of_the_rules_literal_targets():
     from loradoctor.logs.engine import Matcher
     from loradoctor.logs.rules import load_rules
 
     m = Matcher(load_rules())
+    items = [(text, ci, tg) for (text, ci), tg in m.direct.items()]
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-    other = xid.replace("79", "13")  # same digit-blind text, other Xid number
-    assert m.hits(xid) == m.hits(xid)
-    assert m._blind_cache  # the digit-free verdicts were remembered
-    # literals with digits are still tested on the real text: a rule keyed on "79" must not leak
-    # (_case_digits / _nocase_digits hold (literal, targets, digit-blind literal))
-    digit_targets = {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg if lit.lower() in xid.lower()}
-    assert digit_targets <= m.hits(xid)
-    assert {t for lit, tg, _ in m._case_digits + m._nocase_digits for t in tg
-            if lit.lower() in other.lower()} <= m.hits(other)
-    full = set()
-    for lit, tg, *_ in m._case + m._case_digits:
-        if lit in other:
-            full |= tg
-    for lit, tg, *_ in m._nocase + m._nocase_digits:
-        if lit in other.lower():
-            full |= tg
-    assert m.hits(other) == full
+    for text in (xid, xid.replace("79", "13"), "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"):
+        assert m.hits(text) == _naive_union(items, text, set), text
+        assert m.hits(text) == m.hits(text)  # the remembered verdict
 
 
 def test_error_after_eight_kib_of_other_output_on_one_line_is_read(tmp_path):

@@ -28,7 +28,7 @@ from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, Prefilter, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, LiteralIndex, Prefilter, is_last_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
@@ -105,29 +105,6 @@ class ExplainReport:
 
 # ---------------------------------------------------------------------------------------------
 # matching
-
-_ASCII_DIGIT_RE = lazy_re(r"[0-9]")
-
-
-def _has_digit(text: str) -> bool:
-    if text.isascii():
-        return _ASCII_DIGIT_RE.search(text) is not None
-    return any(c.isdigit() for c in text)
-
-
-def _scan_literals(text: str, case: list, nocase: list) -> set:
-    """Union of the targets of the (literal, targets) pairs whose literal is in `text`."""
-    found: set = set()
-    for lit, tg in case:
-        if lit in text:
-            found |= tg
-    if nocase:
-        low = text.lower()
-        for lit, tg in nocase:
-            if lit in low:
-                found |= tg
-    return found
-
 
 @dataclass(eq=False, repr=False)
 class _RuleState:
@@ -222,18 +199,7 @@ class Matcher:
         # finds the literals inside K by themselves (a digit-free J inside K is in the digit-blind
         # line wherever K is in the line). No containment closure is needed (it was ~20 ms a start).
         keys = list(targets)
-        # per-line dispatch: plain substring tests are far cheaper than one big alternation. A literal
-        # without digits is in a line exactly when it is in the line with every digit written as 0, so
-        # its verdicts are remembered per digit-blind line: a warning repeated with a new step number,
-        # byte count or timestamp is then one dict lookup; literals with digits are tested every time.
-        digits = {key: _has_digit(key[0]) for key in keys}
-        self._case = [(text, targets[(text, ci)]) for text, ci in keys if not ci and not digits[(text, ci)]]
-        self._nocase = [(text, targets[(text, ci)]) for text, ci in keys if ci and not digits[(text, ci)]]
-        self._case_digits = [(text, targets[(text, ci)], text.translate(reader.DIGITS_BLIND))
-                             for text, ci in keys if not ci and digits[(text, ci)]]
-        self._nocase_digits = [(text, targets[(text, ci)], text.translate(reader.DIGITS_BLIND))
-                               for text, ci in keys if ci and digits[(text, ci)]]
-        self._blind_cache: dict[str, set] = {}
+        self._index = LiteralIndex(((text, ci, tg) for (text, ci), tg in targets.items()), set, LINE_CACHE_ENTRIES)
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
@@ -293,23 +259,8 @@ class Matcher:
         return False
 
     def hits(self, text: str) -> set:
-        """(kind, rule index, j) targets whose literals occur in the line."""
-        blind = text.translate(reader.DIGITS_BLIND)
-        cached = self._blind_cache.get(blind)
-        if cached is None:
-            # a literal with digits can be in the line only where its digit-blind form is in the
-            # digit-blind line: those few are kept with the verdict and tested on the line itself
-            low = blind.lower() if self._nocase_digits else ""
-            cached = (_scan_literals(blind, self._case, self._nocase),
-                      [(lit, tg) for lit, tg, lit_blind in self._case_digits if lit_blind in blind],
-                      [(lit, tg) for lit, tg, lit_blind in self._nocase_digits if lit_blind in low])
-            if len(self._blind_cache) >= LINE_CACHE_ENTRIES:
-                self._blind_cache.clear()
-            self._blind_cache[blind] = cached
-        found, case, nocase = cached
-        if not (case or nocase):
-            return set(found)
-        return found | _scan_literals(text, case, nocase)
+        """(kind, rule index, j) targets whose literals occur in the line (scan.LiteralIndex; not to be modified)."""
+        return self._index.find(text)
 
 
 def _is_bar_bytes(raw: bytes) -> bool:

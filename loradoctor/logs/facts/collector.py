@@ -3,7 +3,6 @@ and gathers their facts at the end."""
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
@@ -19,7 +18,7 @@ from loradoctor.logs.facts.config import ConfigExtractor
 from loradoctor.logs.facts.trace import TraceExtractor
 from loradoctor.logs.facts.smi import SmiExtractor
 from loradoctor.logs.facts.xid import XidExtractor
-from loradoctor.logs.reader import DIGITS_BLIND
+from loradoctor.logs.scan import LiteralIndex
 
 # lines the collector keeps for the "nothing recognised" tail (is_errorish), beyond the extractors' words
 _TAIL_TRIGGERS: TriggerLiterals = (
@@ -34,53 +33,14 @@ class Dispatch:
     """The one dispatch of lines to extractors: a line goes to an extractor when it holds one of the
     extractor's declared TRIGGERS (the same words the engine's prefilter decodes lines for), or
     while the extractor has a multi-line record open. `mask(text)` has bit k set for the k-th
-    extractor whose triggers the text holds; repeated lines are one dict lookup."""
-
-    CACHE_ENTRIES = 4096
+    extractor whose triggers the text holds (scan.LiteralIndex: repeated lines are one dict lookup)."""
 
     def __init__(self, triggers: Iterable[TriggerLiterals]) -> None:
-        case: dict[str, int] = {}
-        nocase: dict[str, int] = {}
-        for bit, literals in enumerate(triggers):
-            for text, ignore_case in literals:
-                table, key = (nocase, text.lower()) if ignore_case else (case, text)
-                table[key] = table.get(key, 0) | (1 << bit)
-        # a literal without digits is in a line exactly when it is in the line with every digit
-        # written 0: its verdicts are remembered per digit-blind line (an eval record, a warning with
-        # a new step number: one lookup); the few literals with digits are tested on every line
-        self._case = [(t, b) for t, b in case.items() if not _DIGIT_RE.search(t)]
-        self._nocase = [(t, b) for t, b in nocase.items() if not _DIGIT_RE.search(t)]
-        self._case_digits = [(t, b) for t, b in case.items() if _DIGIT_RE.search(t)]
-        self._nocase_digits = [(t, b) for t, b in nocase.items() if _DIGIT_RE.search(t)]
-        self._cache: dict[str, int] = {}
+        self._index = LiteralIndex(((text, ignore_case, 1 << bit) for bit, literals in enumerate(triggers)
+                                    for text, ignore_case in literals), int)
 
     def mask(self, text: str) -> int:
-        blind = text.translate(DIGITS_BLIND)
-        found = self._cache.get(blind)
-        if found is None:
-            found = _literal_bits(blind, self._case, self._nocase)
-            if len(self._cache) >= self.CACHE_ENTRIES:
-                self._cache.clear()
-            self._cache[blind] = found
-        if self._case_digits or self._nocase_digits:
-            found |= _literal_bits(text, self._case_digits, self._nocase_digits)
-        return found
-
-
-_DIGIT_RE = re.compile("[0-9]")
-
-
-def _literal_bits(text: str, case: list, nocase: list) -> int:
-    found = 0
-    for literal, bits in case:
-        if literal in text:
-            found |= bits
-    if nocase:
-        low = text.lower()
-        for literal, bits in nocase:
-            if literal in low:
-                found |= bits
-    return found
+        return self._index.find(text)
 
 
 def is_errorish(text: str) -> bool:
