@@ -22,7 +22,8 @@ from conftest import USER_RULE  # noqa: E402
 from loradoctor.errors import UserError
 from loradoctor.logs.engine import explain
 from loradoctor.logs.rules import Condition, ConditionError, build_rule, lint_rules, load_rules
-from loradoctor.logs.rules.redos import LINT_BUDGET_S_PER_1000, static_problems, timed_problems, worst_time_s
+from loradoctor.logs.rules.redos import (LINT_BUDGET_S_PER_1000, _search_time, static_problems, timed_problems,
+                                         timed_regex_problems, worst_time_s)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = {r.id: r for r in load_rules()}
@@ -47,12 +48,9 @@ def test_every_builtin_regex_stays_linear_on_pump_strings():
 
 
 def _cpu_s(regex, text: str) -> float:
-    started = time.process_time()
-    try:
-        regex.search(text, timeout=2.0)
-    except TimeoutError:
-        return 2.0
-    return time.process_time() - started
+    """CPU seconds of one search, in whichever engine compiled it (built-in rules: `re`; user rules: `regex`)."""
+    spent = _search_time(regex, text, 2.0)
+    return 2.0 if spent is None else spent
 
 
 # hostile lines of the fuzzing campaign's shape, at the reader's longest line (8,192 characters);
@@ -190,3 +188,39 @@ def test_lint_rejects_what_evaluation_would_refuse(tmp_path):
     assert any("string-times" in p and "only between numbers" in p for p in problems), problems
     with pytest.raises(UserError):
         load_rules([tmp_path])
+
+
+_PLAIN_RULE = {"id": "user-plain", "cause": "oom.capacity", "title": "A test rule", "severity": "error",
+               "confidence": "high", "patterns": ["CUDA out of memory"], "summary": "test",
+               "fixes": [{"text": "do something"}], "docs": "test"}
+
+
+def test_built_in_rules_match_with_re_and_user_rules_with_the_timed_engine():
+    """The built-in library (vetted by lint in both engines) matches with the standard `re`, so a short
+    `explain` never imports `regex`; a user's rule, which nobody vetted, keeps the engine whose searches
+    take a timeout."""
+    import re
+
+    rule = BUILTIN["dist-rendezvous-timeout"]
+    assert all(isinstance(p, re.Pattern) for p in rule.compiled_patterns)
+    user, problems = build_rule(dict(_PLAIN_RULE), "user.yaml")
+    assert not problems
+    assert user.compiled_patterns and not any(isinstance(p, re.Pattern) for p in user.compiled_patterns)
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "pastes" / "one-line-oom-while-loading.log"
+    code = ("import sys; from loradoctor.logs.engine import explain; "
+            f"r = explain([{str(log)!r}]); print(bool(r.findings), 'regex' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]
+
+
+def test_lint_times_each_built_in_pattern_in_re_too():
+    """A leading unbounded repeat with no boundary is linear in `regex` but quadratic in `re`: lint
+    must time the engine that matches."""
+    data = dict(_PLAIN_RULE, id="user-leading-repeat", patterns=[r"(\d+ pytorch allocator cache flushes since last step)"])
+    rule, problems = build_rule(data, "user.yaml")
+    assert rule is not None and not problems
+    found = timed_regex_problems([rule])
+    assert found and "runaway regex" in found[0]
+    data["patterns"] = [r"(?<!\d)(\d+ pytorch allocator cache flushes since last step)"]
+    rule, _ = build_rule(data, "user.yaml")
+    assert timed_regex_problems([rule]) == []

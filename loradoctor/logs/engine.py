@@ -147,6 +147,8 @@ class MatchBudget:
                 if attempt:
                     cpu_before = time.process_time()
                 try:
+                    if compiled.__class__ is _VETTED:
+                        return compiled.search(text)  # a built-in regex (model._compile_vetted)
                     return compiled.search(text, timeout=MATCH_TIMEOUT_S)
                 except TimeoutError:
                     # the timeout is wall-clock: try once more when the search itself used little CPU
@@ -639,6 +641,7 @@ def _flush_pending(i: int, matcher: "Matcher", rules: list[Rule], states: list[_
             state.matches.append((line, m))
 
 
+_VETTED = re.Pattern  # the class of a built-in rule's compiled regex (rules.model._compile_vetted)
 _NOCASE: dict[tuple, Any] = {}
 
 
@@ -647,9 +650,12 @@ def _ignoring_case(compiled):
     key = (compiled.pattern, compiled.flags)
     found = _NOCASE.get(key)
     if found is None:
-        import regex
+        if compiled.__class__ is _VETTED:
+            found = _NOCASE[key] = re.compile(compiled.pattern, compiled.flags | re.IGNORECASE)
+        else:
+            import regex
 
-        found = _NOCASE[key] = regex.compile(compiled.pattern, compiled.flags | regex.IGNORECASE)
+            found = _NOCASE[key] = regex.compile(compiled.pattern, compiled.flags | regex.IGNORECASE)
     return found
 
 

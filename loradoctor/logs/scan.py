@@ -110,10 +110,16 @@ class LiteralIndex:
             key = (text.lower() if ignore_case else text, ignore_case)
             merged[key] = merged[key] | payload if key in merged else payload
         self.empty = empty
-        self._case = [(t, v) for (t, ci), v in merged.items() if not ci and not _has_digit(t)]
-        self._nocase = [(t, v) for (t, ci), v in merged.items() if ci and not _has_digit(t)]
-        self._case_digits = [(t, v, t.translate(DIGITS_BLIND)) for (t, ci), v in merged.items() if not ci and _has_digit(t)]
-        self._nocase_digits = [(t, v, t.translate(DIGITS_BLIND)) for (t, ci), v in merged.items() if ci and _has_digit(t)]
+        self._case: list = []
+        self._nocase: list = []
+        self._case_digits: list = []
+        self._nocase_digits: list = []
+        for (t, ci), v in merged.items():
+            blind = t.translate(DIGITS_BLIND)
+            if blind == t and "0" not in t:  # no digit
+                (self._nocase if ci else self._case).append((t, v))
+            else:
+                (self._nocase_digits if ci else self._case_digits).append((t, v, blind))
         self._cache: dict[str, tuple] = {}
         self._cache_entries = cache_entries
 
@@ -145,10 +151,6 @@ class LiteralIndex:
                 if literal in low:
                     found |= payload
         return found
-
-
-def _has_digit(text: str) -> bool:
-    return any(c.isdigit() for c in text)
 
 
 @dataclass(frozen=True)

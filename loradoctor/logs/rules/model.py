@@ -4,6 +4,7 @@ which turns one validated YAML mapping into a compiled Rule and lists its proble
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -108,9 +109,19 @@ def _fix_dict(fix: Fix, when: Optional[str], unless: Optional[str]) -> dict:
 
 
 def _compile_regex(pattern: str):
+    """A regex of a user's rule folder (or of `rules lint`): the `regex` engine, whose searches take a
+    timeout, so a pattern nobody vetted cannot stall a run."""
     import regex
 
     return regex.compile(paste_tolerant(pattern), regex.V0)
+
+
+def _compile_vetted(pattern: str):
+    """A regex of the built-in library: the standard `re` engine. Every built-in pattern passed the
+    static and timed runaway checks (`rules lint`, run in CI, times it in both engines) and a line is
+    at most reader.MAX_LINE_CHARS long, so no search needs a timeout; `re` is there already, where
+    importing `regex` costs ~20 ms of every start-up (docs/rules.md, "Speed notes")."""
+    return re.compile(paste_tolerant(pattern))
 
 
 class LazyRegexes:
@@ -130,7 +141,7 @@ class LazyRegexes:
     def __getitem__(self, i: int):
         compiled = self._compiled[i]
         if compiled is None:
-            compiled = self._compiled[i] = _compile_regex(self.sources[i])
+            compiled = self._compiled[i] = _compile_vetted(self.sources[i])
         return compiled
 
     def __iter__(self):

@@ -10,6 +10,7 @@ can match the same character with nothing required between them (`\\d+\\.?\\d*`,
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterable, Optional
 
@@ -427,6 +428,10 @@ def _search_time(compiled, text: str, timeout_s: float) -> Optional[float]:
     """CPU seconds of one search (this process only: other jobs on the machine do not count);
     None when it ran past the timeout."""
     started = time.process_time()
+    if isinstance(compiled, re.Pattern):  # the built-in library's engine: no timeout (see timed_regex_problems)
+        compiled.search(text)
+        took = time.process_time() - started
+        return None if took > timeout_s else took
     try:
         compiled.search(text, timeout=timeout_s)
     except TimeoutError:
@@ -442,7 +447,7 @@ def timed_problems(compiled, pattern: str, length: int = PUMP_CHARS,
     """The timed check of `rules lint`: a search over a pump string that takes more CPU time than
     the budget (per 1,000 characters) refuses the pattern; a linear pattern costs a few
     milliseconds in all."""
-    key = (pattern, length, budget_s_per_1000)
+    key = (pattern, length, budget_s_per_1000, compiled.__class__)  # timed once per engine
     if key not in _TIMED:
         _TIMED[key] = _timed_problems(compiled, pattern, length, budget_s_per_1000)
     return list(_TIMED[key])
@@ -467,13 +472,19 @@ def _timed_problems(compiled, pattern: str, length: int, budget_s_per_1000: floa
 
 def timed_regex_problems(rules: list) -> list[str]:
     """The timed half of the runaway-regex check (the static half runs when a rule is built):
-    every regex of every rule against the pump strings, one line per pattern refused."""
+    every regex of every rule against the pump strings, one line per pattern refused. Each pattern is
+    timed in both engines: the `regex` engine first (its timeout stops a runaway), then, when that
+    passed, the standard `re` engine that the built-in library matches with (rules.model._compile_vetted)."""
+    from loradoctor.logs.rules.model import _compile_vetted
+
     problems = []
     for rule in rules:
         for fname, compiled in (("patterns", rule.compiled_patterns), ("require_all", rule.compiled_require),
                                 ("exclude", rule.compiled_exclude)):
             sources = getattr(rule, fname)
             for i, regex in enumerate(compiled):
-                problems.extend(f"{rule.source}: rule {rule.id}: {fname}[{i}]: {p}"
-                                for p in timed_problems(regex, sources[i]))
+                found = timed_problems(regex, sources[i])
+                if not found and not isinstance(regex, re.Pattern):
+                    found = timed_problems(_compile_vetted(sources[i]), sources[i])
+                problems.extend(f"{rule.source}: rule {rule.id}: {fname}[{i}]: {p}" for p in found)
     return problems
