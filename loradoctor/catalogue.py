@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -38,7 +38,7 @@ _ID = re.compile(r"^[a-z0-9_]+\.[a-z0-9_]+$")
 _VARIANT = re.compile(r"^[a-z0-9_]+$")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CatalogueFix:
     text: str
     command: Optional[str] = None
@@ -48,7 +48,7 @@ class CatalogueFix:
     conditions: tuple = field(default=(None, None), compare=False, repr=False)  # (when, unless) compiled
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Wording:
     """One variant of a cause's wording: what an env check says in one situation. Empty headline or summary
     fall back to the cause's; fixes None means the cause's own fixes, () means none."""
@@ -57,7 +57,7 @@ class Wording:
     fixes: Optional[tuple[CatalogueFix, ...]] = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Cause:
     id: str
     title: str

@@ -8,7 +8,7 @@ Findings round-trip through plain dicts so they travel as JSON.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from loradoctor.record import asdict, field, record
 from typing import Any, Iterable, Optional
 
 SEVERITIES = ("error", "warning", "info")
@@ -39,7 +39,7 @@ def confidence_value(value: "float | str") -> float:
     return max(0.0, min(1.0, float(value)))
 
 
-@dataclass
+@record
 class Evidence:
     """One quoted input line. line is 1-based; None when the evidence is not a line (a probe value)."""
 
@@ -51,7 +51,7 @@ class Evidence:
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
-@dataclass
+@record
 class Fix:
     """One remedy, in the order a person should try them. command is pasteable (shell or config line)."""
 
@@ -59,7 +59,7 @@ class Fix:
     command: Optional[str] = None
 
 
-@dataclass
+@record
 class Finding:
     cause: str
     rule: str
@@ -100,7 +100,7 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Finding":
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known = {k: v for k, v in data.items() if k in cls.__record_fields__}
         known["evidence"] = [Evidence(**e) for e in data.get("evidence", [])]
         known["fixes"] = [Fix(**f) if isinstance(f, dict) else Fix(text=str(f)) for f in data.get("fixes", [])]
         return cls(**known)

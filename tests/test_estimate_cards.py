@@ -1,7 +1,7 @@
 """The card table's features and names: a run is judged on bf16 / FlashAttention 2 / fp8 as well as memory,
 and a name that is several cards asks which (issue 12)."""
 
-from dataclasses import replace
+from loradoctor.record import replace
 
 import pytest
 

@@ -1,6 +1,6 @@
 """Fit verdict and the what-if search."""
 
-from dataclasses import replace
+from loradoctor.record import replace
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Loss kernels, Unsloth, precision modes, attention backends, PEFT methods and more than one GPU: each term on
 hand-computed bytes (Llama-3.1-8B shapes: h 4096, I 14336, 32 heads, 8 kv heads, vocab 128256, 32 layers)."""
 
-from dataclasses import replace
+from loradoctor.record import replace
 
 import pytest
 

@@ -1,6 +1,6 @@
 """The memory model, term by term, on hand-computed cases."""
 
-from dataclasses import replace
+from loradoctor.record import replace
 
 import pytest
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from loradoctor.record import replace
 from pathlib import Path
 
 import pytest

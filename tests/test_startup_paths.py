@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import subprocess
 import sys
 
@@ -96,3 +97,22 @@ def test_prefilter_finds_the_same_segments_with_or_without_the_containment_test(
     assert small.kept == big.kept  # what callers see is always the minimal set
     assert [(s.start, s.end) for s in small.candidates(block)] == [(s.start, s.end) for s in big.candidates(block)]
     assert len(big._kept) < len(small._kept)
+
+
+def test_a_short_explain_imports_nothing_heavy(tmp_path):
+    """What start-up left behind (issue 9): with the rule cache warm, `explain` on a one-line log reads
+    no YAML, compiles rules with `re` (not `regex`), and builds its records without `dataclasses`
+    (and the `inspect` it pulls in): ~60 ms together on the 2-core CI machine."""
+    log = tmp_path / "one.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n", encoding="utf-8")
+    code = ("import sys\nfrom loradoctor import cli\n"
+            "try:\n    cli.main(['explain', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('yaml', 'regex', 'dataclasses', 'inspect', 'shutil', 'gzip') if m in sys.modules]\n"
+            "print('HEAVY', *heavy)\n")
+    env = {**os.environ, "LORADOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("LORADOCTOR_NO_CACHE", None)
+    for _ in range(2):  # the first run fills the rule cache
+        out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, env=env)
+    last = [line for line in out.stdout.splitlines() if line.startswith("HEAVY")]
+    assert last == ["HEAVY"], (last, out.stderr[-2000:])
+    assert "CUDA out of memory" in out.stdout or "oom" in out.stdout.lower()

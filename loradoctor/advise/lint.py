@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -42,7 +42,7 @@ KEYS = {  # logical setting -> the key each format uses
 PACKING_KEYS = ("sample_packing", "packing", "neat_packing")
 
 
-@dataclass
+@record
 class Cfg:
     path: str
     fmt: str

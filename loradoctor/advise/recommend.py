@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from loradoctor.record import field, record, replace
 from typing import Any, Optional
 
 from loradoctor.errors import UserError
@@ -38,7 +38,7 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 GIB = 1 << 30
 
 
-@dataclass
+@record
 class Recommendation:
     inputs: EstimateInputs
     estimate: Estimate

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Callable, Optional
 
 from loradoctor.bedside.sampler import NvmlSource, Sampler, TreeSource
@@ -29,7 +29,7 @@ from loradoctor.errors import UserError
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@dataclass
+@record
 class RunResult:
     exit_code: int
     signal: Optional[int]

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Callable, Optional
 
 from loradoctor.bedside.timeline import TimelineWriter
 
 
-@dataclass
+@record
 class Summary:
     samples: int = 0
     peak_gpu_used: int = 0            # the largest memory in use on one GPU (all processes)

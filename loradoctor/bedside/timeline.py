@@ -24,7 +24,7 @@ import re
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Optional
 
 from loradoctor.errors import UserError
@@ -84,7 +84,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@dataclass
+@record
 class Timeline:
     """A timeline read back: records by kind, each with its 1-based line number under `_line`."""
 

@@ -4,7 +4,7 @@ command, subcommand and option as `--help` shows them; repro ids, doc topics and
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any
 
 from loradoctor.errors import UserError
@@ -20,7 +20,7 @@ examples:
 """
 
 
-@dataclass
+@record
 class Node:
     """One command or subcommand: its options, the options that take a value, fixed positional values
     (ids, topics) and its subcommands."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from loradoctor.record import record
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -316,7 +316,7 @@ def named_card(snapshot: dict) -> Optional[dict]:
 # ---------------------------------------------------------------- the checks
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Check:
     name: str
     area: str

@@ -8,7 +8,7 @@ counts, LoRA parameter counts and quantized sizes all come from one table.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from loradoctor.record import asdict, record
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,7 +34,7 @@ FUSED_ALIASES = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Arch:
     """The shape numbers of a decoder-only transformer that the memory model needs."""
 

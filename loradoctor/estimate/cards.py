@@ -12,7 +12,7 @@ Some short names are several cards ('A100' is 40 GB or 80 GB): `variants(name)` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Optional
 
 from loradoctor.errors import UserError
@@ -23,7 +23,7 @@ FEATURE_MIN_CC: dict[str, tuple[int, int]] = {"bf16": (8, 0), "flash_attn2": (8,
 FEATURE_NAMES = {"bf16": "native bf16", "flash_attn2": "FlashAttention 2", "fp8": "fp8 matmuls"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Unsupported:
     """A feature the run needs that the card lacks, and the change that runs on the card."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Iterable, Optional
 
 from loradoctor.errors import UserError
@@ -508,7 +508,7 @@ SKIP_NAMES = ("config.json", "tokenizer_config.json", "generation_config.json", 
               "tokenizer.json", "trainer_state.json")
 
 
-@dataclass
+@record
 class ConfigSettings:
     """What the config files say, merged in order (a later file wins), with where each value came from
     and every disagreement between files (the person should know which file won)."""

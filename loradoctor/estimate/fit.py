@@ -8,7 +8,7 @@ and an ordered list of changes, each with what it saves on this very configurati
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from loradoctor.record import field, record, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -18,7 +18,7 @@ from loradoctor.estimate.memory import Estimate, EstimateInputs, estimate
 MIB = 1 << 20
 
 
-@dataclass
+@record
 class Gpu:
     name: str
     memory_bytes: int  # budget the run may use (total as nvidia-smi reports, or the free memory now)
@@ -41,7 +41,7 @@ class Gpu:
                 "compute_capability": self.compute_capability}
 
 
-@dataclass
+@record
 class Change:
     """One thing to change, the config after it, and what it saves (positive = less memory)."""
 
@@ -58,7 +58,7 @@ class Change:
                 "cumulative_device_used_bytes": self.cumulative_bytes}
 
 
-@dataclass
+@record
 class Fit:
     gpu: Gpu
     verdict: str  # fits | tight | does not fit

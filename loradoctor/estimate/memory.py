@@ -21,7 +21,7 @@ Three numbers come out: peak allocated (torch.cuda.max_memory_allocated), peak r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from loradoctor.record import asdict, field, record, replace
 from typing import Any, Optional
 
 from loradoctor.errors import UserError
@@ -60,7 +60,7 @@ NF4_BLOCK = 64  # bitsandbytes 4-bit blocksize (absmax per 64 weights)
 DQ_BLOCK = 256  # double quantization: one fp32 absmax per 256 first-level blocks
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EstimateInputs:
     """Everything the memory model needs. Public: the repro engineer's `measure` builds runs from it.
 
@@ -120,7 +120,7 @@ class EstimateInputs:
         return data
 
 
-@dataclass
+@record
 class Estimate:
     """The breakdown (component -> bytes, ordered) and the three predicted numbers with a band."""
 

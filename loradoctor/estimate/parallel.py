@@ -25,7 +25,7 @@ context (`deepspeed_model_states_bytes` reproduces DeepSpeed's numbers for compa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from loradoctor.record import record
 
 from loradoctor.errors import UserError
 
@@ -66,7 +66,7 @@ def shard_count(strategy: str, gpus: int) -> int:
     return 1
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PerGpu:
     """Bytes on one GPU. weights: frozen/base parameters (incl. full fine-tuning's parameters); trainable: the
     adapters' own parameters; gathered: all-gathered layers and their unsharded gradient; buckets: DDP /

@@ -10,7 +10,7 @@ nothing to run on, so the verdict says why it cannot judge and what to do.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Optional
 
 from loradoctor.errors import UserError
@@ -72,7 +72,7 @@ def article(name: str) -> str:
     return "an" if first in "AEFHILMNORSX8" and first else "a"
 
 
-@dataclass
+@record
 class PreflightResult:
     go: bool
     reason: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -41,14 +41,14 @@ _WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
 _NO_FAMILY_RE = lazy_re(r"^(?:[\w.]*\.)?NameError: |\b(?:list|tuple|string) index out of range", re.I)
 
 
-@dataclass(eq=False, repr=False)
+@record(eq=False, repr=False)
 class Alternative:
     cause: str
     when: Any  # a compiled Condition, or None (always plausible)
     tells_apart: str
 
 
-@dataclass(eq=False, repr=False)
+@record(eq=False, repr=False)
 class Guess:
     cause: str
     match: re.Pattern

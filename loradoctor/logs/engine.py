@@ -13,7 +13,7 @@ import math
 import re
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Callable, Iterable, Optional
 
 from loradoctor.lazyre import is_pattern, lazy_re
@@ -64,7 +64,7 @@ EXPLAIN_SCHEMA = "loradoctor.explain/1"
 DIAGNOSIS_SEVERITIES = ("error", "warning")
 
 
-@dataclass
+@record
 class ExplainReport:
     """What `explain` found. `findings` are ranked (rank 1 = most likely root cause)."""
 
@@ -106,7 +106,7 @@ class ExplainReport:
 # ---------------------------------------------------------------------------------------------
 # matching
 
-@dataclass(eq=False, repr=False)
+@record(eq=False, repr=False)
 class _RuleState:
     matches: list = field(default_factory=list)  # (Line, match)
     required: list = field(default_factory=list)  # bool per require_all
@@ -737,7 +737,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
 # ---------------------------------------------------------------------------------------------
 # findings and ranking
 
-@dataclass(eq=False, repr=False)
+@record(eq=False, repr=False)
 class _Candidate:
     rule: Rule
     finding: Finding

@@ -18,7 +18,7 @@ import io
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
@@ -62,7 +62,7 @@ COMPRESSED_SUFFIXES = {".gz": "gz", ".bz2": "bz2", ".xz": "xz"}
 MAGIC = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 
 
-@dataclass
+@record
 class Line:
     """One normalised log line. `text` is what rules see; `raw` is the original line, trimmed."""
 
@@ -81,7 +81,7 @@ class Line:
         return text if len(text) <= EVIDENCE_CHARS else text[: EVIDENCE_CHARS - 3] + "..."
 
 
-@dataclass
+@record
 class Input:
     """One log source: a file or stdin. `lines` and `ranks` are filled while it is read."""
 

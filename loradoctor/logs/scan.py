@@ -14,7 +14,7 @@ many segments are searched whole, one by one (bytes.find)."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Callable, Iterable, Sequence, Union
 
 Text = Union[str, bytes]
@@ -153,13 +153,13 @@ class LiteralIndex:
         return found
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Literal:
     text: str
     ignore_case: bool = False
 
 
-@dataclass(eq=False, repr=False)
+@record(eq=False, repr=False)
 class Segment:
     """A candidate: [start, end) of a `\\r`/`\\n`-delimited segment inside its physical line."""
 

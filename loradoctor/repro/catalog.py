@@ -5,7 +5,7 @@ The ids are a contract with the rules (docs/rules.md, `repro:` field) and with `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from pathlib import Path
 
 from loradoctor.errors import UserError
@@ -20,7 +20,7 @@ KINDS = ("check", "problem")
 GPU_NEEDS = ("yes", "no", "optional")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ReproSpec:
     id: str
     kind: str

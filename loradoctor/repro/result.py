@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from loradoctor.record import asdict, field, record
 from typing import Any, Iterable, Optional
 
 SCHEMA = "loradoctor.repro/1"
@@ -10,7 +10,7 @@ RUN_SCHEMA = "loradoctor.repro-run/1"
 STATUSES = ("PASS", "FAIL", "SKIP", "ERROR")
 
 
-@dataclass
+@record
 class ReproResult:
     """PASS: the suspected problem is absent; FAIL: reproduced (evidence says how); SKIP: cannot run
     here (summary says why); ERROR: the repro itself could not complete."""
@@ -33,7 +33,7 @@ class ReproResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReproResult":
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known = {k: v for k, v in data.items() if k in cls.__record_fields__}
         known["evidence"] = [str(e) for e in known.get("evidence") or []]
         known["numbers"] = dict(known.get("numbers") or {})
         return cls(**known)

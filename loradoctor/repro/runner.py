@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -26,7 +26,7 @@ DEFAULT_TIMEOUT_S = 180.0
 STDERR_TAIL_LINES = 15
 
 
-@dataclass
+@record
 class ChildRun:
     """What a child process left behind."""
 

@@ -4,7 +4,7 @@ the collector composes (a family's trigger literals, its feed, its close and pub
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Any, Optional
 
 from loradoctor.findings import Evidence
@@ -67,7 +67,7 @@ def _int(text: str) -> Optional[int]:
 MAX_GROUP_EVIDENCE = 6
 
 
-@dataclass
+@record
 class Facts:
     """The extracted facts: flat values, and source lines per group."""
 

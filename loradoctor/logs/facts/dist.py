@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import re
 import signal as _signal
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Iterable, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, MAX_MS, MAX_RANK, Extractor, Sink, _bounded_int
 
-@dataclass
+@record
 class ChildFailed:
     rank: Optional[int] = None
     local_rank: Optional[int] = None
@@ -74,7 +74,7 @@ def parse_child_failed(lines: Iterable[str]) -> Optional[ChildFailed]:
     return entry
 
 
-@dataclass
+@record
 class WatchdogTimeout:
     rank: Optional[int]
     timeout_ms: Optional[int]

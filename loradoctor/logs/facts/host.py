@@ -4,14 +4,14 @@ Code 43 for an NVIDIA device (code43.*)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
 from loradoctor.units import MAX_PLAUSIBLE_BYTES
 
-@dataclass
+@record
 class OomKill:
     pid: Optional[int]
     process: Optional[str]

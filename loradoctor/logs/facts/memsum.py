@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from loradoctor.record import asdict, record
 from typing import Any, Iterable, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int, _size
 
 
-@dataclass
+@record
 class MemorySummary:
     allocated_bytes: Optional[int] = None
     peak_allocated_bytes: Optional[int] = None

@@ -4,7 +4,7 @@ wrapped it, with the phase of the traceback it ends and the training step it hap
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from loradoctor.record import asdict, record
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from loradoctor.lazyre import lazy_re
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from loradoctor.logs.facts.trace import TraceExtractor
 
 
-@dataclass
+@record
 class OomMessage:
     """The numbers of one out-of-memory message (docs/facts.md `oom.*`). Absent numbers are None."""
 

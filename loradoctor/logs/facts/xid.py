@@ -3,13 +3,13 @@ and GPUs that fell off the bus."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from loradoctor.record import record
 from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import MAX_ID, Extractor, Sink, _bounded_int
 
-@dataclass
+@record
 class XidEvent:
     xid: Optional[int]  # None for "fallen off the bus" lines without an Xid number
     pci: Optional[str] = None

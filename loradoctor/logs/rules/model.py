@@ -1,11 +1,11 @@
-"""A rule as the engine uses it: the Rule dataclass, its lazily compiled regexes, and build_rule,
+"""A rule as the engine uses it: the Rule record, its lazily compiled regexes, and build_rule,
 which turns one validated YAML mapping into a compiled Rule and lists its problems."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from loradoctor.record import field, record
 from typing import Optional
 
 from loradoctor.findings import Fix, confidence_value
@@ -15,7 +15,7 @@ from loradoctor.logs.rules.redos import static_problems
 from loradoctor.logs.rules.literals import _literals_for, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
 
-@dataclass(eq=False, repr=False)  # identity is a rule's equality; 33 generated fields cost start-up
+@record(eq=False, repr=False)  # identity is a rule's equality
 class Rule:
     id: str
     cause: str
@@ -40,19 +40,19 @@ class Rule:
     docs: str = ""
     source: str = ""  # the file it came from
     # compiled forms (filled by compile_rule)
-    compiled_patterns: list = field(default_factory=list, repr=False)
-    compiled_require: list = field(default_factory=list, repr=False)
-    compiled_exclude: list = field(default_factory=list, repr=False)
-    condition: Optional[Condition] = field(default=None, repr=False)
+    compiled_patterns: list = field(default_factory=list)
+    compiled_require: list = field(default_factory=list)
+    compiled_exclude: list = field(default_factory=list)
+    condition: Optional[Condition] = field(default=None)
     # every rule id this one outranks, directly or through others -> the first hop (set at load)
-    outranks_closure: Optional[dict] = field(default=None, repr=False)
+    outranks_closure: Optional[dict] = field(default=None)
     # per fix, the sources of its optional `when:` / `unless:` (None: none), and their compiled forms
-    fix_when: list = field(default_factory=list, repr=False)
-    fix_unless: list = field(default_factory=list, repr=False)
-    fix_conditions: list = field(default_factory=list, repr=False)  # (when, unless) Conditions per fix
-    literals: list = field(default_factory=list, repr=False)  # (text, ignore_case) for patterns
-    require_literals: list = field(default_factory=list, repr=False)  # per require_all regex
-    exclude_literals: list = field(default_factory=list, repr=False)  # per exclude regex
+    fix_when: list = field(default_factory=list)
+    fix_unless: list = field(default_factory=list)
+    fix_conditions: list = field(default_factory=list)  # (when, unless) Conditions per fix
+    literals: list = field(default_factory=list)  # (text, ignore_case) for patterns
+    require_literals: list = field(default_factory=list)  # per require_all regex
+    exclude_literals: list = field(default_factory=list)  # per exclude regex
 
     def is_consequence_of(self, cause: str) -> bool:
         return any(fnmatch.fnmatchcase(cause, glob) for glob in self.consequence_of)
