@@ -156,3 +156,23 @@ def test_the_differential_entries_carry_the_final_rank_of_their_look_alike():
     entry = findings[0].differential[0]
     assert findings[entry["rank"] - 1].cause == entry["cause"] == "env.driver_too_old"
     _labels_are_true(findings)
+
+
+def test_a_note_after_a_guess_and_its_alternatives_names_them_not_the_only_finding(tmp_path):
+    log = tmp_path / "g.log"
+    log.write_text("step 1\n`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`.\n"
+                   "Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+                   "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'\n")
+    findings = explain([str(log)]).findings
+    assert [f.rule for f in findings] == ["guess", "differential", "differential", "use-cache-gradient-checkpointing"]
+    assert findings[-1].why_rank == ("ranks below #3 (differential): a guess and its alternatives come first when "
+                                     "no rule finding is a diagnosis")  # was "the only finding; ..."
+    _labels_are_true(findings)
+
+
+def test_a_catch_all_of_a_new_cause_moves_up_past_a_repeat_but_never_first(tmp_path):
+    generic = _rule("zz-generic", "dist.launcher", 0.9, extra="    generic: true\n")
+    rules = _rules(tmp_path, A1, A2, generic)
+    report = explain([_log(tmp_path, generic, A1, A2)], rules=rules, differential_on=False)
+    assert [f.rule for f in report.findings] == ["zz-a1", "zz-generic", "zz-a2"]
+    _labels_are_true(report.findings)
