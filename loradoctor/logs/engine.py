@@ -876,8 +876,7 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
         c.finding.rank = i
         if id(c) in parent:
             c.finding.consequence_of = parent[id(c)].rule.id
-    for i, c in enumerate(final):
-        c.finding.why_rank = _why(c, final, i, parent)
+    _set_whys(_Order([c.finding for c in final], final))
     return final
 
 
@@ -931,6 +930,7 @@ def _label(c: _Candidate) -> str:
 
 
 MAX_WHY_PARTS = 3
+TOP_DISTINCT = 3  # the first three findings name three distinct causes whenever the list has three (why texts say "three")
 
 
 def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
@@ -945,13 +945,69 @@ def _numbers_text(c: _Candidate, values: Optional[dict] = None) -> str:
     return "; ".join(parts) + ("; …" if more else "")
 
 
-def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Candidate]) -> str:
-    """One sentence: why c sits at position i, naming the next finding down."""
+class _Order:
+    """A final order of findings and what their why_rank texts need: the candidate of each rule finding
+    (a look-alike or a guess has none), which finding each is a consequence of, and the findings that
+    `distinct_causes_first` moved up with the positions everything had before it ran."""
+
+    def __init__(self, findings: list[Finding], cands: list[_Candidate], before: Optional[dict[int, int]] = None,
+                 promoted: Iterable[int] = ()) -> None:
+        self.findings = findings
+        self.cand = {id(c.finding): c for c in cands}
+        by_rule = {c.rule.id: c for c in cands}
+        self.parent = {id(c): by_rule[c.finding.consequence_of] for c in cands
+                       if c.finding.consequence_of in by_rule and by_rule[c.finding.consequence_of] is not c}
+        self.before = before or {}
+        self.promoted = set(promoted)
+
+    def jumped(self, a: Finding, b: Finding) -> bool:
+        """a was moved up over b to give the top findings distinct causes."""
+        return id(a) in self.promoted and self.before.get(id(a), 0) > self.before.get(id(b), 0)
+
+    def descends(self, f: Finding, root: _Candidate) -> bool:
+        c = self.cand.get(id(f))
+        return c is not None and _descends(c, root, self.parent)
+
+    def pair(self, a: Finding, b: Finding, basis: str) -> str:
+        """Why a ranks above b, naming b; a or b may be a look-alike or a guess."""
+        if self.jumped(a, b):
+            first = next(f for f in self.findings if f.cause == b.cause)
+            return (f"a cause not yet listed ranks before {_flabel(b)}, a further finding of {b.cause} "
+                    f"(already #{first.rank}): the first three findings name distinct causes")
+        ca, cb = self.cand.get(id(a)), self.cand.get(id(b))
+        if cb is None:
+            return f"{_flabel(b)} is a look-alike: the same lines read as {b.cause}, at lower confidence"
+        if ca is None:
+            at = self.findings.index(a)
+            anchor = next((self.cand[id(f)] for f in reversed(self.findings[:at]) if id(f) in self.cand), None)
+            if anchor is None:
+                return "a guess and its alternatives come first when no rule finding is a diagnosis"
+            return (f"the verdict's look-alikes come right after it and its consequences; against "
+                    f"{_label(anchor)}: " + self.pair(anchor.finding, b, ""))
+        return _reason(ca, cb, basis)
+
+
+def _flabel(f: Finding) -> str:
+    return f"#{f.rank} ({f.rule})"
+
+
+def _set_whys(order: _Order) -> None:
+    """The why_rank of every rule finding in `order` (look-alikes and guesses keep their own)."""
+    for i, f in enumerate(order.findings):
+        if id(f) in order.cand:
+            f.why_rank = _why(order, i)
+
+
+def _why(order: _Order, i: int) -> str:
+    """One sentence: why the i-th finding sits there, naming the next finding down."""
+    final = order.findings
+    f = final[i]
+    c = order.cand[id(f)]
     nxt = final[i + 1] if i + 1 < len(final) else None
     prev = final[i - 1] if i > 0 else None
     total = len(final)
-    if id(c) in parent:
-        p = parent[id(c)]
+    if id(c) in order.parent:
+        p = order.parent[id(c)]
         globs = ", ".join(g for g in c.rule.consequence_of)
         return (f"placed after {_label(p)} because it is a consequence of it "
                 f"({p.rule.cause} matches consequence_of {globs}); the root cause comes first")
@@ -960,16 +1016,23 @@ def _why(c: _Candidate, final: list[_Candidate], i: int, parent: dict[int, _Cand
         names = ", ".join(GROUP_NAMES.get(g, g) for g in dict.fromkeys(c.groups))
         shown = _numbers_text(c)
         basis = f"numbers in {names}" + (f" ({shown})" if shown else "")
+    rests = f"it rests on {basis}" if basis else "it rests on a keyword match only"
     if nxt is None:
         if total == 1:
-            return "the only finding; " + (f"it rests on {basis}" if basis else "it rests on a keyword match only")
+            return "the only finding; " + rests
         assert prev is not None
-        return f"ranks below {_label(prev)}: " + _reason(prev, c, "")
-    text = _reason(c, nxt, basis)
-    if nxt.finding.consequence_of == c.rule.id:
-        later = next((o for o in final[i + 1:] if not _descends(o, c, parent)), None)
+        return f"ranks below {_flabel(prev)}: " + order.pair(prev, f, "")
+    if len(order.cand) == 1 and all(o.rule == "differential" for o in final[i + 1:]):
+        return "the only rule that fired (the look-alikes after it read the same lines another way); " + rests
+    text = order.pair(f, nxt, basis)
+    if nxt.consequence_of == c.rule.id:
+        later = next((o for o in final[i + 1:] if not order.descends(o, c)), None)
         if later is not None:
-            text += "; against the next root: " + _reason(c, later, basis)
+            text += "; against the next root: " + order.pair(f, later, basis)
+    elif id(nxt) not in order.cand:
+        later = next((o for o in final[i + 1:] if id(o) in order.cand), None)
+        if later is not None:
+            text += "; against the next rule finding: " + order.pair(f, later, basis)
     return text
 
 
@@ -1049,10 +1112,54 @@ def add_differential(findings: list[Finding], values: dict[str, Any], tail: list
                       f"what tells them apart: {tells}")
     for i, f in enumerate(out, 1):
         f.rank = i
-    if verdict.why_rank.startswith("the only finding"):
-        verdict.why_rank = "the only rule that fired (the look-alikes after it read the same lines another way)" + \
-            verdict.why_rank[len("the only finding"):]
     verdict.differential = differential.differential_field(alts)
+    return out
+
+
+def distinct_causes_first(findings: list[Finding], cands: list[_Candidate],
+                          top: int = TOP_DISTINCT) -> tuple[list[Finding], set[int]]:
+    """`findings` reordered so that the first `top` name distinct causes where the list has them: a
+    finding whose cause is already listed above it moves below the next diagnosis (error or warning) of
+    a cause not yet listed, which moves up into its place. Nothing is dropped and the first finding never
+    changes. A finding is not moved above its own cause (a consequence stays below it) nor above a
+    finding whose rule declares it `outranks` the moved one's. Returns the new list and the ids of the
+    findings moved up."""
+    cand = {id(c.finding): c for c in cands}
+    out = list(findings)
+    promoted: set[int] = set()
+    for i in range(1, min(top, len(out))):
+        listed = {f.cause for f in out[:i]}
+        if out[i].cause not in listed:
+            continue
+        above = {f.rule for f in out[:i]}
+        for j in range(i + 1, len(out)):
+            f = out[j]
+            if f.cause in listed or f.severity not in DIAGNOSIS_SEVERITIES:
+                continue
+            if f.consequence_of is not None and f.consequence_of not in above:
+                continue  # a consequence stays below the finding it follows from
+            c = cand.get(id(f))
+            if c is not None and any(id(g) in cand and _outranks(cand[id(g)], c) for g in out[i:j]):
+                continue  # a declared `outranks` holds
+            out.insert(i, out.pop(j))
+            promoted.add(id(f))
+            break
+    return out, promoted
+
+
+def finish_order(findings: list[Finding], cands: list[_Candidate]) -> list[Finding]:
+    """The final order (distinct causes first, see distinct_causes_first), numbered 1..n, with every rule
+    finding's why_rank naming the finding that now follows it and the verdict's `differential` entries
+    carrying their look-alikes' final ranks."""
+    before = {id(f): i for i, f in enumerate(findings)}
+    out, promoted = distinct_causes_first(findings, cands)
+    for i, f in enumerate(out, 1):
+        f.rank = i
+    _set_whys(_Order(out, cands, before, promoted))
+    alike = {f.cause: f.rank for f in out if f.rule == "differential"}
+    for f in out:
+        for entry in f.differential:
+            entry["rank"] = alike.get(entry["cause"], entry["rank"])
     return out
 
 
@@ -1104,6 +1211,7 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     tail = list(collector.error_tail) if not diagnosed else []
     if differential_on:
         findings = add_differential(findings, values, tail, rules)
+    findings = finish_order(findings, ranked)
     return ExplainReport(inputs=[i.to_dict() for i in inputs], findings=findings, unrecognised_tail=tail,
                          facts=dict(values), rules_checked=len(rules),
                          elapsed_s=time.perf_counter() - started)
