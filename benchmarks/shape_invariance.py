@@ -1,9 +1,11 @@
 """Count, per pasted shape (tests/shapes.py), the positive fixtures whose first cause changes when the
 fixture is pasted in that shape. The numbers go into docs/explain.md ("Pasted shapes").
 
-    python benchmarks/shape_invariance.py [--stride N] [--offset K] [--json OUT]
+    python benchmarks/shape_invariance.py [--stride N] [--offset K] [--json OUT] [--shapes a,b,c+d]
 
 --stride N keeps every Nth fixture (deterministic), for a quick reading; the default is all of them.
+--shapes picks shapes; `a+b` is a composed shape (a, then b: `markdown+lower` is a rendered page whose
+text was then lower-cased), as real pastes often carry two at once.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def pasted(path: Path, shape: str, out: Path):
     written = []
     out.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
-        new = SHAPES[shape](text)
+        new = text
+        for part in shape.split("+"):
+            new = SHAPES[part](new)
         changed |= new != text
         target = out / name
         target.write_text(new, encoding="utf-8")

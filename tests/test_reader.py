@@ -259,11 +259,27 @@ def test_launcher_and_container_prefixes_are_peeled(line, rank):
     assert text == "torch.OutOfMemoryError: CUDA out of memory." and got_rank == rank
 
 
+@pytest.mark.parametrize("line", [
+    "2024-05-01t10:00:00.123456z stdout f torch.outofmemoryerror: cuda out of memory.",
+    "2024-05-01 10:00:00,123 - torch.outofmemoryerror: cuda out of memory.",
+    "jan 30 17:40:12 gpu01 kernel: torch.outofmemoryerror: cuda out of memory.",
+    "[mon jan 30 17:40:12 2024] torch.outofmemoryerror: cuda out of memory.",
+])
+def test_prefixes_of_a_lower_cased_paste_are_peeled(line):
+    """A paste lower-cased whole (a search snippet, an issue title) keeps its timestamps and stream tags
+    in lower case: `t`/`z` of ISO times, kubelet's `stdout f`, syslog and `dmesg -T` month names."""
+    from loradoctor.logs.reader import normalise
+
+    text, _, _, stamp, time_s = normalise(line)
+    assert text == "torch.outofmemoryerror: cuda out of memory." and stamp and time_s
+
+
 def test_prefix_peeling_keeps_real_text():
     from loradoctor.logs.reader import normalise
 
     for keep in ("RuntimeError: CUDA error: out of memory", "Epoch    | Step | loss", "| 10 | nan |",
-                 "1:2 ratio", "node: v18.2.0", "12: ", "host_name: gpu01"):
+                 "1:2 ratio", "node: v18.2.0", "12: ", "host_name: gpu01", "may 12 be the day: yes",
+                 "the 30 17:40:12 x: y"):
         assert normalise(keep)[0] == keep.strip()
 
 

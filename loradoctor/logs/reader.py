@@ -786,15 +786,15 @@ _SRUN_LABEL_RE = lazy_re(r"^(\d{1,4}): (?=\S)")
 # docker compose (`trainer-1  | `, v1 `proj_trainer_1 | `), the CRI stream tag kubelet writes
 # after its timestamp (`2024-05-01T10:00:00.12Z stdout F `), and the host pdsh puts before every line
 # of a multi-node DeepSpeed launch (`worker-0: `, `node07: `, `10.0.0.12: `)
-_SOURCE_PREFIX_RE = lazy_re(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FP] |"
+_SOURCE_PREFIX_RE = lazy_re(r"^(?:[A-Za-z0-9][\w.\-]*[-_]\d+\s+\| ?|(?:stdout|stderr) [FPfp] |"
                                r"(?:worker|node|host|gpu|compute|trainer)[-_]?\d+: |\d{1,3}(?:\.\d{1,3}){3}: )")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
 # the host is left out by some collectors (`Jan 30 17:40:12 kernel: NVRM: ...`): a host never ends with `:`
-_SYSLOG_RE = lazy_re(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (?:(\S*[^\s:]) )?([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
+_SYSLOG_RE = lazy_re(r"^([A-Za-z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (?:(\S*[^\s:]) )?([\w.\-/\[\]]+?)(?:\[\d+\])?: ")
 _DMESG_UPTIME_RE = lazy_re(r"^\[\s*(\d+\.\d+)\]\s?")
-_DMESG_T_RE = lazy_re(r"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
+_DMESG_T_RE = lazy_re(r"^\[(?:[A-Za-z][a-z]{2} )?([A-Za-z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]\s?")
 _ISO_RE = lazy_re(
-    r"^\[?(\d{4})-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?(Z|[+-]\d{2}:?\d{2})?\]?(?:\s*[-|:]\s*|\s+)"
+    r"^\[?(\d{4})-(\d{2})-(\d{2})[Tt _](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?([Zz]|[+-]\d{2}:?\d{2})?\]?(?:\s*[-|:]\s*|\s+)"
 )
 _HMS_RE = lazy_re(r"^\[?(\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?\]?\s+")
 
@@ -842,8 +842,8 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
             m = _DMESG_T_RE.match(text)
             if m:
                 stamp = stamp or m.group(0).strip()
-                if time_s is None and m.group(1) in _MONTHS:
-                    time_s = _epoch(int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)),
+                if time_s is None and m.group(1).title() in _MONTHS:
+                    time_s = _epoch(int(m.group(6)), _MONTHS[m.group(1).title()], int(m.group(2)),
                                     int(m.group(3)), int(m.group(4)), int(m.group(5)))
                 text = text[m.end():]
                 continue
@@ -864,13 +864,13 @@ def strip_prefixes(text: str) -> tuple[str, Optional[int], Optional[str], Option
                         float("0." + m.group(4)) if m.group(4) else 0.0)
                 text = text[m.end():]
                 continue
-        elif c.isupper():
+        elif c.isupper() or (c.islower() and text[3:4] == " " and text[:3].title() in _MONTHS):  # (lower-cased paste)
             m = _SYSLOG_RE.match(text)
-            if m and m.group(1) in _MONTHS:
+            if m and m.group(1).title() in _MONTHS:
                 stamp = stamp or m.group(0)[:m.start(7)].rstrip().rsplit(" ", 1 if m.group(6) else 0)[0]
                 if time_s is None:
                     # syslog has no year; a fixed one keeps lines of one log comparable
-                    time_s = _epoch(2000, _MONTHS[m.group(1)], int(m.group(2)), int(m.group(3)),
+                    time_s = _epoch(2000, _MONTHS[m.group(1).title()], int(m.group(2)), int(m.group(3)),
                                     int(m.group(4)), int(m.group(5)))
                 text = text[m.end():]
                 continue
