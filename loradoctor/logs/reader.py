@@ -401,15 +401,21 @@ def is_lowered(sample: bytes) -> bool:
 # rules keep their case), so only that line gets the vocabulary's case back; and only a title that names an
 # error (the vocabulary is built on demand, ~0.2 s, not for every log whose first line is lower-case).
 _TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed")
+_NONBLANK_RE = lazy_re(rb"[^ \t\r\n]")
 
 
 def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> bytes:
     """The block with its first non-blank line recased when that line is lower-case and names an error."""
-    start = len(block) - len(block.lstrip(b" \t\r\n"))
-    end = block.find(b"\n", start)
-    end = len(block) if end < 0 else end
+    first = _NONBLANK_RE.search(block, 0, 4096)  # no copy of a big first block
+    if first is None:
+        return block
+    start = first.start()
+    end = block.find(b"\n", start, start + 401)
+    end = len(block) if end < 0 and len(block) - start <= 400 else end
+    if end < 0:  # longer than a title
+        return block
     title = block[start:end]
-    if len(title) > 400 or not title.islower() or not any(w in title for w in _TITLE_ERROR_WORDS):
+    if not title.islower() or not any(w in title for w in _TITLE_ERROR_WORDS):
         return block
     return block[:start] + recaser().recase(title) + block[end:]
 
