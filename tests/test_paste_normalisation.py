@@ -75,6 +75,34 @@ def test_only_an_input_without_upper_case_is_recased(tmp_path):
     assert "Expected all tensors" in report.findings[0].evidence[0].text
 
 
+def test_a_lower_cased_title_above_a_cased_body_gets_its_case_back(tmp_path):
+    """An issue title typed lower-case, then a body with capitals: the input is not lower-cased as a whole
+    (its rules keep their case), so only the title line is recased, and only when it names an error."""
+    title = ("valueerror: asking to pad but the tokenizer does not have a padding token. please select a token "
+             "to use as pad_token (tokenizer.pad_token = tokenizer.eos_token e.g.) or add a new pad token via to\n")
+    report = explain_text(tmp_path, title + "\nI hit this with the example script.\n")
+    assert report.findings and report.findings[0].cause == "train.tokenizer_setup"
+    assert report.findings[0].evidence[0].text.startswith("ValueError: Asking to pad")
+    # the same title below the first line is prose of a cased input: left as it is (nothing found)
+    report = explain_text(tmp_path, "I hit this with the example script.\n" + title)
+    assert not report.findings or report.findings[0].cause != "train.tokenizer_setup"
+
+
+def test_a_title_is_recased_only_when_it_names_an_error():
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return recaser_for(load_rules())
+
+    block = b"loading checkpoint shards: 100%\nRuntimeError: x\n"
+    assert reader.recase_title(block, factory) == block and not calls  # no error word: vocabulary not built
+    block = b"\n  runtimeerror: cuda out of memory. tried to allocate 2.00 gib\nPlease help\n"
+    cased = reader.recase_title(block, factory)
+    assert len(cased) == len(block) and b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in cased
+    assert cased.endswith(b"Please help\n")
+
+
 @pytest.mark.parametrize("raw, text", [
     ("  12  Traceback (most recent call last):", "Traceback (most recent call last):"),
     ("12\tRuntimeError: CUDA error: device-side assert triggered", "RuntimeError: CUDA error: device-side assert triggered"),

@@ -396,6 +396,30 @@ def is_lowered(sample: bytes) -> bool:
     return _CASELESS_BAR_RE.sub(b"", _CASELESS_RECORD_RE.sub(b"", sample)).islower()
 
 
+# An issue title typed (or pasted) lower-case above a body that kept its case: `valueerror: asking to pad but
+# the tokenizer ...` as the first line, then prose with capitals. The input is not lower-cased as a whole (its
+# rules keep their case), so only that line gets the vocabulary's case back; and only a title that names an
+# error (the vocabulary is built on demand, ~0.2 s, not for every log whose first line is lower-case).
+_TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed")
+_NONBLANK_RE = lazy_re(rb"[^ \t\r\n]")
+
+
+def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> bytes:
+    """The block with its first non-blank line recased when that line is lower-case and names an error."""
+    first = _NONBLANK_RE.search(block, 0, 4096)  # no copy of a big first block
+    if first is None:
+        return block
+    start = first.start()
+    end = block.find(b"\n", start, start + 401)
+    end = len(block) if end < 0 and len(block) - start <= 400 else end
+    if end < 0:  # longer than a title
+        return block
+    title = block[start:end]
+    if not title.islower() or not any(w in title for w in _TITLE_ERROR_WORDS):
+        return block
+    return block[:start] + recaser().recase(title) + block[end:]
+
+
 # a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
 # to its closing bracket (`100%|#####| 500/500 [05:00<00:00, 1.66it/s]`); a bar's description stays
 _CASELESS_CRI_RE = lazy_re(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
@@ -676,6 +700,8 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             if recaser is not None and is_lowered(block[:1 << 20]):
                 item.lowered = True
                 case = recaser()
+            elif recaser is not None:
+                block = recase_title(block, recaser)
         if case is not None:
             # same length: only the case of letters changes. The input was judged by its first block; a
             # later block that holds upper-case letters (a long log whose first block was only metric dicts
