@@ -116,3 +116,21 @@ def test_a_short_explain_imports_nothing_heavy(tmp_path):
     last = [line for line in out.stdout.splitlines() if line.startswith("HEAVY")]
     assert last == ["HEAVY"], (last, out.stderr[-2000:])
     assert "CUDA out of memory" in out.stdout or "oom" in out.stdout.lower()
+
+
+def test_a_gated_when_answers_as_the_parsed_one():
+    """A cached rule's `when` that is false without its facts is answered without a parse when the input
+    has none of them; on every sample log's facts (and on none) it answers as the parsed condition."""
+    from loradoctor.logs.rules.condition import Condition
+    from loradoctor.logs.rules.load import _ParsedOnUse, _rule_data, _rules_from_data
+
+    cached = _rules_from_data(json.loads(json.dumps([_rule_data(r) for r in RULES])))  # as read from the cache
+    gated = [r for r in cached if isinstance(r.condition, _ParsedOnUse) and r.condition.__dict__["_gate"]]
+    assert len(gated) >= 10  # most when-only rules name the facts they need
+    samples = [{}, {"unrelated.fact": 1}] + [engine.explain([p], rules=RULES).facts for p in SAMPLE_LOGS[:12]]
+    for rule in (r for r in cached if r.condition is not None):
+        full = Condition(rule.when)
+        for values in samples:
+            assert rule.condition.evaluate(values) == full.evaluate(values), (rule.id, values)
+    untouched = _ParsedOnUse(gated[0].when, gated[0].condition.__dict__["_gate"], True)
+    assert untouched.evaluate({}) is False and "tree" not in untouched.__dict__  # no parse

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 from loradoctor.errors import UserError
 from loradoctor.logs.rules.condition import Condition
@@ -161,7 +161,8 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
-CACHE_FORMAT = 4  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals; 4: a fix may carry when / unless)
+CACHE_FORMAT = 5  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals; 4: a fix may carry when / unless;
+# 5: when_facts / when_needs_a_fact)
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -175,7 +176,17 @@ def _rule_data(rule: Rule) -> dict:
     from loradoctor.logs.rules.literals import derive_literals
 
     data["pattern_literals"] = [derive_literals(p) for p in rule.patterns]
+    # a condition reads only the facts it names: one that is false when none of them is there need
+    # not even be parsed for an input that has none of them (_ParsedOnUse.evaluate)
+    data["when_facts"] = list(rule.condition.facts) if rule.condition is not None else []
+    data["when_needs_a_fact"] = rule.condition is not None and not rule.condition.evaluate({})
     return data
+
+
+def _str_list(items: object) -> list[str]:
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise TypeError("a list of fact names")
+    return items
 
 
 def _literal_list(items: list) -> list[tuple[str, bool]]:
@@ -189,10 +200,20 @@ def _literal_list(items: list) -> list[tuple[str, bool]]:
 
 class _ParsedOnUse(Condition):
     """A cached rule's `when`, parsed on first use: it was checked when the cache entry was written,
-    and `explain` on a short log evaluates few of them (parsing all cost ~10 ms of every start)."""
+    and `explain` on a short log evaluates few of them (parsing all cost ~10 ms of every start).
+    `gate_facts` are the facts it names and `needs_a_fact` says it is false when none of them is
+    there (both worked out when the entry was written): such a condition is answered False without a
+    parse for an input that has none of them (most when-only rules on a short log)."""
 
-    def __init__(self, expr: str) -> None:  # the parse is deferred to the first attribute it makes
-        self.expr = expr
+    def __init__(self, expr: str, gate_facts: Sequence[str] = (), needs_a_fact: bool = False) -> None:
+        self.expr = expr  # the parse is deferred to the first attribute it makes
+        self.__dict__["_gate"] = tuple(gate_facts) if needs_a_fact and gate_facts else None
+
+    def evaluate(self, facts: Mapping[str, Any]) -> bool:
+        gate = self.__dict__["_gate"]
+        if gate is not None and not any(name in facts for name in gate):
+            return False
+        return Condition.evaluate(self, facts)
 
     def __getattr__(self, name: str):
         if name.startswith("__") or "_parsing" in self.__dict__:
@@ -227,7 +248,8 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
             rule.compiled_patterns = LazyRegexes(rule.patterns)
             rule.compiled_require = LazyRegexes(rule.require_all)
             rule.compiled_exclude = LazyRegexes(rule.exclude)
-            rule.condition = _ParsedOnUse(rule.when) if rule.when else None
+            rule.condition = (_ParsedOnUse(rule.when, _str_list(d["when_facts"]), d["when_needs_a_fact"] is True)
+                              if rule.when else None)
             # fix conditions were checked when the entry was written; parsed on first use (fixes_for)
             rule.literals = _literal_list(d["literals"])
             rule.require_literals = [_literal_list(x) for x in d["require_literals"]]
