@@ -420,6 +420,27 @@ def test_typographic_quotes_are_straightened(tmp_path):
     assert explain([str(log)]).findings[0].cause == "env.version_conflict"
 
 
+def test_a_line_of_percent_encoded_spaces_is_decoded(tmp_path):
+    """A message copied from a URL (`libtorch_cuda.so:%20undefined%20symbol:%20...`) reads as words; a URL that
+    names a file with spaces, a line with one `%20` and a line that has spaces of its own are left as they are."""
+    from loradoctor.logs.engine import explain
+    from loradoctor.logs.reader import unquote_spaces
+
+    assert unquote_spaces(b"import error\nlibtorch_cuda.so:%20undefined%20symbol:%20ncclCommRegister\n") == \
+        b"import error\nlibtorch_cuda.so: undefined symbol: ncclCommRegister\n"
+    kept = (b"https://hf.co/x/resolve/main/my%20lora%20v2.safetensors\n"
+            b"file%20name.txt\n"
+            b"progress 50%20 steps left%20of%20it\n")
+    assert unquote_spaces(kept) == kept
+    plain = b"RuntimeError: CUDA error: out of memory\n"
+    assert unquote_spaces(plain) is plain
+    log = tmp_path / "url.log"
+    log.write_text("import error\n\nlibtorch_cuda.so:%20undefined%20symbol:%20ncclCommRegister\n", encoding="utf-8")
+    report = explain([str(log)])
+    assert report.findings[0].cause == "env.torch_broken"
+    assert report.findings[0].evidence[0].text == "libtorch_cuda.so: undefined symbol: ncclCommRegister"
+
+
 def test_a_wrap_through_repeated_frame_paths_is_detected():
     """Six frames under one long site-packages path are cut at the same column: one distinct full-width line.
     The share of full-width lines compares distinct lines with distinct lines (it compared 2 distinct with

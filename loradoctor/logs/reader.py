@@ -360,6 +360,21 @@ def unescape_html(block: bytes) -> bytes:
     return block
 
 
+# A message pasted from a URL (a search link, a link's text, an issue opened from a query string) has its
+# spaces percent-encoded: `libtorch_cuda.so:%20undefined%20symbol:%20ncclCommRegister`. Patterns are written
+# with spaces. Only a line made of one such run (no space in it, at least two `%20`, not a URL itself) is
+# decoded; a URL that names a file with spaces stays as it is.
+def unquote_spaces(block: bytes) -> bytes:
+    """`a%20b%20c` -> `a b c` on a line with no space and no `://` (else unchanged, fast)."""
+    if b"%20" not in block:
+        return block
+    lines = block.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.count(b"%20") >= 2 and b" " not in line.strip() and b"://" not in line:
+            lines[i] = line.replace(b"%20", b" ")
+    return b"\n".join(lines)
+
+
 # A log that went through a word processor or chat app (Word, WeChat, Notion) has typographic quotes:
 # `No module named ‘peft’`. Patterns are written with ASCII quotes.
 _CURLY_QUOTES = ((b"\xe2\x80\x98", b"'"), (b"\xe2\x80\x99", b"'"), (b"\xe2\x80\x9c", b'"'), (b"\xe2\x80\x9d", b'"'))
@@ -672,8 +687,9 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, l
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
     """Decompressed content in blocks that end at a newline (except a forced cut inside a line
     longer than two blocks, and the last block). UTF-16 input is transcoded to UTF-8; binary
-    content raises UserError; HTML-escaped text is unescaped, typographic quotes straightened; a
-    hard-wrapped input is rejoined (iter_blocks_with_joins gives the physical line numbers)."""
+    content raises UserError; HTML-escaped text is unescaped, typographic quotes straightened, a line
+    of %20-encoded words decoded; a hard-wrapped input is rejoined (iter_blocks_with_joins gives the
+    physical line numbers)."""
     for block, _ in iter_blocks_with_joins(item, block_bytes, first_block_bytes):
         yield block
 
@@ -692,7 +708,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     first = True
     case: Optional[Recaser] = None
     for block in _raw_blocks(item, block_bytes, first_block_bytes):
-        block = straighten_quotes(unescape_html(block))
+        block = unquote_spaces(straighten_quotes(unescape_html(block)))
         if first:
             first = False
             width = detect_wrap_width(block[:1 << 20], crosses)
