@@ -45,14 +45,16 @@ class OomMessage:
         return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+# `outof`: a title retyped or a screenshot's OCR drops the space (`CUDA outof memory. Tried to allocate ...`)
+_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out ?of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
 # "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
-_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out ?of memory\.?(?:\s*$|\s+(?!Tried))")
 _OOM_G1_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
 _OOM_IPEX_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                           + r" reserved in total by PyTorch\)")
-_OOM_TOTAL_RE = lazy_re(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+# `GPU  has a total capacity` (two spaces, no index) where the device has no ordinal to print
+_OOM_TOTAL_RE = lazy_re(r"GPU (\d+)? ?has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
 _OOM_PROCESS_RE = lazy_re(r"Process (\d+) has " + _SIZE + r" memory in use")
 _OOM_THIS_RE = lazy_re(r"this process has " + _SIZE + r" memory in use")
 _OOM_ALLOWED_RE = lazy_re(_SIZE + r" allowed;")
@@ -388,13 +390,18 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
     return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
+def _says_oom(text: str) -> bool:
+    """The line says out of memory (any case; `outof memory` as a retyped title or OCR writes it)."""
+    return "ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text
+
+
 class OomExtractor(Extractor):
     """OOM lines, and the lines that continue a wrapped one (joined before parsing). The phase
     comes from the traceback the message ends (the trace extractor's frames so far), the step from
     the last progress bar or the metric records before it."""
 
     TRIGGERS = (
-        ("out of memory", True), ("Tried to allocate", False),
+        ("out of memory", True), ("outof memory", True), ("Tried to allocate", False),
         # the second half of an OOM message wrapped by a terminal or notebook, and the figure lines of
         # `Allocation on device 0 would exceed allowed memory`
         ("PyTorch", False), ("GiB", False), ("MiB", False), ("ALLOC_CONF", False), ("Currently allocated", False),
@@ -421,14 +428,14 @@ class OomExtractor(Extractor):
         """The first OOM line of any form (bare ones too) takes the training bar and the metric
         records before it, from where it sits in its block; records after it (a rerun) never count."""
         text = line.text
-        if not self._bar_located and ("ut of memory" in text or "UT OF MEMORY" in text):
+        if not self._bar_located and _says_oom(text):
             # any form, the bare `CUDA error: out of memory` too: the loop whose bar it interrupted
             self._bar_located = True
             if position.bar_phase() == "eval":
                 self.sink.values["oom.bar_phase"] = "eval"
         if self._located:
             return
-        if ("ut of memory" in text or "UT OF MEMORY" in text) and parse_oom_message(text) is not None:
+        if _says_oom(text) and parse_oom_message(text) is not None:
             self._located = True
             bar = position.progress()
             if bar is not None:
@@ -437,7 +444,7 @@ class OomExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
+        if _says_oom(text) or self._oom_pending is not None:
             self._oom_feed(line)
             return True
         return False
@@ -456,7 +463,7 @@ class OomExtractor(Extractor):
                 return
             self._oom_pending = None
             self._oom_parse(pending)
-        if "ut of memory" not in line.text and "UT OF MEMORY" not in line.text:
+        if not _says_oom(line.text):
             return
         if parse_oom_message(line.text) is None:
             return
