@@ -53,8 +53,11 @@ _OOM_G1_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
 _OOM_IPEX_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                           + r" reserved in total by PyTorch\)")
-# `GPU  has a total capacity` (two spaces, no index) where the device has no ordinal to print
-_OOM_TOTAL_RE = lazy_re(r"GPU (\d+)? ?has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+_OOM_TOTAL_RE = lazy_re(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+# `GPU  has a total capacity` (two spaces, no index: a container's message without the ordinal); a regex of
+# its own, so that the recaser still learns the phrase `GPU 0 has a total capac` from the one above. The
+# recaser has no key for `gpu` alone (patterns write it both ways), so a lower-cased paste keeps `gpu  has`
+_OOM_TOTAL_NO_INDEX_RE = lazy_re(r"(?:GPU|gpu)  has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
 _OOM_PROCESS_RE = lazy_re(r"Process (\d+) has " + _SIZE + r" memory in use")
 _OOM_THIS_RE = lazy_re(r"this process has " + _SIZE + r" memory in use")
 _OOM_ALLOWED_RE = lazy_re(_SIZE + r" allowed;")
@@ -169,6 +172,11 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
+    elif "PU  has a total capac" in rest or "pu  has a total capac" in rest:
+        t = _OOM_TOTAL_NO_INDEX_RE.search(rest)
+        if t:
+            msg.total_bytes = _size(t.group(2))
+            msg.free_bytes = _size(t.group(3))
     clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)] if " memory in use" in rest else []
     clauses = [(pid, o) for pid, o in clauses if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
     others = [o for _, o in clauses]
