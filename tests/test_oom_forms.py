@@ -187,3 +187,20 @@ def test_an_oom_the_run_survived_is_not_the_crash(tmp_path):
     rerun.write_text("{'loss': 1.2, 'epoch': 0.5}\n{'loss': 1.1, 'epoch': 1.0}\n"
                      "{'train_runtime': 100.0, 'train_loss': 1.15, 'epoch': 1.0}\n" + _TRAIN_LINE + "\n")
     assert explain([str(rerun)]).findings[0].cause == "oom.capacity"
+
+
+def test_a_message_without_a_device_index_still_gives_the_card_and_the_processes():
+    # a container's message prints `GPU  has a total capacity` (two spaces): before round 11 the total was
+    # lost, and with it every reading of the two Process clauses
+    f = collect(["torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 18.00 MiB. GPU  has a total "
+                 "capacity of 95.00 GiB of which 6.50 MiB is free. Process 3927658 has 73.02 GiB memory in use. "
+                 "Process 4105349 has 21.96 GiB memory in use. Of the allocated memory 21.65 GiB is allocated by "
+                 "PyTorch, and 1.51 MiB is reserved by PyTorch but unallocated."])
+    assert f["oom.total_bytes"] == 95 * GIB and "oom.device_index" not in f
+    assert f["oom.other_process_count"] == 2
+
+
+def test_outof_memory_as_ocr_or_a_retyped_title_writes_it_is_read():
+    f = collect(["torch.cuda.0utOfMemoryError: CUDA outof memory. Tried to allocate 270.00 MiB (GPU 0; 31.75 GiB "
+                 "total capacity; 30.9l GiB already allocated; 1O3.50 MiB free; 30.96 GiB reserved in total by PyTorch)"])
+    assert f["oom.requested_bytes"] == 270 * MIB

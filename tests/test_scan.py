@@ -210,3 +210,13 @@ def test_line_numbers_of_a_log_of_long_lines_are_counted_alike_either_way(tmp_pa
     oom_line = len(lines)
     assert any(e["line"] == oom_line for f in walked["findings"] for e in f["evidence"]), walked["findings"][0]
     assert walked["inputs"][0]["lines"] == oom_line
+
+
+def test_a_case_insensitive_literal_whose_rarest_byte_is_not_ascii_is_planned():
+    # 'µ' is b'\xc2\xb5' in UTF-8; chr(0xb5).upper() is U+039C, far outside a byte table: planning on a
+    # sample where 0xb5 is the rarest byte of the literal crashed (IndexError) before round 11.
+    lit = Literal("dµs", ignore_case=True)
+    pre = Prefilter([lit, Literal("Error")])
+    pre.plan("显存 § ddddd sssss Error\n".encode() * 50)  # every byte of the literal but 0xb5 is common
+    block = "x\nDµS here\n".encode()
+    assert [block[s.start:s.end] for s in pre.candidates(block)] == ["DµS here".encode()]

@@ -255,7 +255,10 @@ class Prefilter:
                 (self._alone_ci if ci else self._alone_cs).append(data)
                 continue
             c = chr(best)
-            for b in ({ord(c.lower()), ord(c.upper())} if ci and c.isalpha() else {best}):
+            # only ASCII letters have a case pair among bytes (bytes.lower() folds nothing else):
+            # chr(0xB5).upper() is U+039C, far outside the byte table (a CJK paste can make a
+            # UTF-8 continuation byte of a literal its rarest byte)
+            for b in ({ord(c.lower()), ord(c.upper())} if ci and c.isalpha() and best < 128 else {best}):
                 anchor_bytes.add(b)
                 by_byte.setdefault(b, []).append((data, ci))
         anchor_bytes.discard(0)

@@ -45,14 +45,19 @@ class OomMessage:
         return {f"oom.{k}": v for k, v in asdict(self).items() if v is not None}
 
 
-_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
+# `outof`: a title retyped or a screenshot's OCR drops the space (`CUDA outof memory. Tried to allocate ...`)
+_OOM_HEAD_RE = lazy_re(r"(?:\b(CUDA|XPU|MPS|HIP) out ?of memory|(?<![A-Za-z] )\b(Out of memory))\. Tried to allocate " + _SIZE)
 # "CUDA out of memory." with nothing after it (cut messages, summaries); not "CUDA error: out of memory"
-_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out of memory\.?(?:\s*$|\s+(?!Tried))")
+_OOM_BARE_RE = lazy_re(r"\b(?:CUDA|XPU|HIP) out ?of memory\.?(?:\s*$|\s+(?!Tried))")
 _OOM_G1_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                         + r" free; (?:" + _SIZE + r" allowed; )?" + _SIZE + r" (?:reserved in total by PyTorch|cached)\)")
 _OOM_IPEX_RE = lazy_re(r"\(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; " + _SIZE
                           + r" reserved in total by PyTorch\)")
 _OOM_TOTAL_RE = lazy_re(r"GPU (\d+) has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
+# `GPU  has a total capacity` (two spaces, no index: a container's message without the ordinal); a regex of
+# its own, so that the recaser still learns the phrase `GPU 0 has a total capac` from the one above. The
+# recaser has no key for `gpu` alone (patterns write it both ways), so a lower-cased paste keeps `gpu  has`
+_OOM_TOTAL_NO_INDEX_RE = lazy_re(r"(?:GPU|gpu)  has a total capac(i?)ty of " + _SIZE + r" of which " + _SIZE + r" is free")
 _OOM_PROCESS_RE = lazy_re(r"Process (\d+) has " + _SIZE + r" memory in use")
 _OOM_THIS_RE = lazy_re(r"this process has " + _SIZE + r" memory in use")
 _OOM_ALLOWED_RE = lazy_re(_SIZE + r" allowed;")
@@ -167,6 +172,11 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
         msg.device_index = _bounded_int(t.group(1), MAX_RANK)
         msg.total_bytes = _size(t.group(3))
         msg.free_bytes = _size(t.group(4))
+    elif "PU  has a total capac" in rest or "pu  has a total capac" in rest:
+        t = _OOM_TOTAL_NO_INDEX_RE.search(rest)
+        if t:
+            msg.total_bytes = _size(t.group(2))
+            msg.free_bytes = _size(t.group(3))
     clauses = [(p.group(1), _size(p.group(2))) for p in _OOM_PROCESS_RE.finditer(rest)] if " memory in use" in rest else []
     clauses = [(pid, o) for pid, o in clauses if o is not None and (msg.total_bytes is None or o <= msg.total_bytes)]
     others = [o for _, o in clauses]
@@ -388,13 +398,18 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
     return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
+def _says_oom(text: str) -> bool:
+    """The line says out of memory (any case; `outof memory` as a retyped title or OCR writes it)."""
+    return "ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text
+
+
 class OomExtractor(Extractor):
     """OOM lines, and the lines that continue a wrapped one (joined before parsing). The phase
     comes from the traceback the message ends (the trace extractor's frames so far), the step from
     the last progress bar or the metric records before it."""
 
     TRIGGERS = (
-        ("out of memory", True), ("Tried to allocate", False),
+        ("out of memory", True), ("outof memory", True), ("Tried to allocate", False),
         # the second half of an OOM message wrapped by a terminal or notebook, and the figure lines of
         # `Allocation on device 0 would exceed allowed memory`
         ("PyTorch", False), ("GiB", False), ("MiB", False), ("ALLOC_CONF", False), ("Currently allocated", False),
@@ -421,14 +436,14 @@ class OomExtractor(Extractor):
         """The first OOM line of any form (bare ones too) takes the training bar and the metric
         records before it, from where it sits in its block; records after it (a rerun) never count."""
         text = line.text
-        if not self._bar_located and ("ut of memory" in text or "UT OF MEMORY" in text):
+        if not self._bar_located and _says_oom(text):
             # any form, the bare `CUDA error: out of memory` too: the loop whose bar it interrupted
             self._bar_located = True
             if position.bar_phase() == "eval":
                 self.sink.values["oom.bar_phase"] = "eval"
         if self._located:
             return
-        if ("ut of memory" in text or "UT OF MEMORY" in text) and parse_oom_message(text) is not None:
+        if _says_oom(text) and parse_oom_message(text) is not None:
             self._located = True
             bar = position.progress()
             if bar is not None:
@@ -437,7 +452,7 @@ class OomExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if "ut of memory" in text or "UT OF MEMORY" in text or self._oom_pending is not None:
+        if _says_oom(text) or self._oom_pending is not None:
             self._oom_feed(line)
             return True
         return False
@@ -456,7 +471,7 @@ class OomExtractor(Extractor):
                 return
             self._oom_pending = None
             self._oom_parse(pending)
-        if "ut of memory" not in line.text and "UT OF MEMORY" not in line.text:
+        if not _says_oom(line.text):
             return
         if parse_oom_message(line.text) is None:
             return

@@ -120,7 +120,7 @@ class TraceExtractor(Extractor):
                     self.sink.values["trace.message"] = e.group(2)[:300]
                 if loc:
                     self.sink.values["trace.location"] = loc
-            if not self._oom_trace_done and ("ut of memory" in text or "UT OF MEMORY" in text):
+            if not self._oom_trace_done and ("ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text):
                 # the traceback that ends with the (first) OOM places it, not an unrelated earlier
                 # one (a caught flash-attn ImportError before a training OOM)
                 self._oom_trace_done = True
