@@ -525,6 +525,19 @@ def test_derived_literals_need_letters_not_just_digits():
     assert derive_literals(r"\(Code 43\)") == [("(Code 43)", False)]
 
 
+def test_a_two_character_cjk_word_is_a_literal():
+    """Literal length counts UTF-8 bytes, as the prefilter searches bytes: 显存 (GPU memory, 6 bytes) is as
+    rare in a log as a six-letter word; two ASCII letters are not."""
+    from loradoctor.logs.rules import derive_literals
+    from loradoctor.logs.rules.literals import _literals_for
+
+    assert derive_literals("显存") == [("显存", False)]
+    assert derive_literals("ab") is None
+    _, problems = _literals_for(["x"], ["ab"], "patterns")
+    assert problems == ["prefilter: 'ab' is shorter than 3 bytes; give words every match contains"]
+    assert _literals_for(["x"], ["显存"], "patterns")[1] == []
+
+
 def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     """A note or warning (the use_cache notice in every LoRA log) never becomes the parent of a
     crash, even when the crash's rule lists its cause in consequence_of."""

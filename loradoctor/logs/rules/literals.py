@@ -35,8 +35,10 @@ _COMMON_LOG_CHARS = frozenset("0123456789 %|/.:,[]<>_'\t")
 def _informative_literal(text: str) -> bool:
     """A prefilter literal worth its cost: long enough, and with two characters beyond the digits and
     punctuation of progress bars, metric dicts and timestamps (' 43', '137' or '0000:' would send most
-    of a training log through the matcher). One test for derived and explicit literals."""
-    return len(text) >= MIN_DERIVED_LITERAL and sum(ch not in _COMMON_LOG_CHARS for ch in text) >= 2
+    of a training log through the matcher). One test for derived and explicit literals. Length counts
+    UTF-8 bytes, as the prefilter searches bytes: a two-character CJK word (`显存`, 6 bytes) is as rare
+    in a log as a six-letter English one."""
+    return len(text.encode("utf-8")) >= MIN_DERIVED_LITERAL and sum(ch not in _COMMON_LOG_CHARS for ch in text) >= 2
 
 
 _DUNDER_SRC_RE = re.compile(r"(?<!\\)__(\w+?)__")
@@ -124,8 +126,9 @@ def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> 
     if explicit:
         explicit = [_rendered_literal(lit) for lit in explicit]
         weak = [lit for lit in explicit if not _informative_literal(lit)]
-        problems = [f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric "
-                    f"line holds; give words every match contains" for lit in weak]
+        problems = [(f"prefilter: {lit!r} is shorter than {MIN_DERIVED_LITERAL} bytes" if len(lit.encode("utf-8")) < MIN_DERIVED_LITERAL
+                     else f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric line holds")
+                    + "; give words every match contains" for lit in weak]
         return [(lit, True) for lit in explicit], problems
     literals: list[tuple[str, bool]] = []
     problems = []
