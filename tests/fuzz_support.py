@@ -40,9 +40,18 @@ FRAGMENTS = [
     "exit status: 137",
     "[rank3]: RuntimeError: CUDA error: out of memory",
     "[default7]:[rank7]: torch.distributed.DistBackendError: NCCL error",
+    # pastes by users writing in other languages (round 11): CJK prose, full-width punctuation, localized OS
+    # strings; a block of them makes non-ASCII bytes the rarest ones the prefilter can plan on
+    "训练到一半显存不足，报错如下：请问怎么解决？我的环境是 4090 显卡，batch size 已经调到 1 了。",
+    "RuntimeError：CUDA out of memory。（已经尝试过 gradient_checkpointing）",
+    "OSError: [WinError 1455] 页面文件太小，无法完成操作。",
+    "./train.sh: 第 5 行： 12989 已杀死 python train.py",
+    "학습 중에 메모리 부족 오류가 발생합니다. 모델 로딩 중에 멈춥니다.",
+    "µs µs ÄÖÜ ßẞ ﬁ İı",
 ]
 HOSTILE = ["9" * 5000, "1e999", "-1", "nan", "inf", "\x00", "\ufffd", "\u202e", "\t" * 300, " " * 3000,
-           "{'loss': 1, " * 50, "\\", "%", "&lt;module&gt;", "\r", "\x1b[", "😀" * 10, "0x" + "f" * 40]
+           "{'loss': 1, " * 50, "\\", "%", "&lt;module&gt;", "\r", "\x1b[", "😀" * 10, "0x" + "f" * 40,
+           "显存不足" * 400, "\u00b5" * 500]
 
 
 def _mutate(fragment: str, token: str, where: int) -> str:
