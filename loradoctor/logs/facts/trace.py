@@ -26,7 +26,8 @@ class TraceExtractor(Extractor):
     and location, and the location of the traceback that ends the first OOM."""
 
     TRIGGERS = (
-        ("Traceback", False), ('File "', False), (".py:", False), (".py in ", False), ("Error", False),
+        ("Traceback", False), ('File "', False), ("File \u201c", False), ("File \u201d", False), ("File '", False),
+        (".py:", False), (".py in ", False), ("Error", False),
         ("Exception", False), ("KeyboardInterrupt", False),
         # notebook cells (`Cell In[7], line 3`, `Input In [7], in <cell line: 1>()`, `<ipython-input-7-…> in f()`)
         ("Cell In", True), ("Input In", True), ("ipython-input", False),
