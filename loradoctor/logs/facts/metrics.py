@@ -214,8 +214,15 @@ _FP16_ON_RE = _precision_re("fp16", "float16", "16bit", "FALSE")
 _BF16_ON_RE = _precision_re("bf16", "bfloat16", "bfloat16", "TRUE")
 
 
+# Every form either precision regex matches holds one of these (`fp16`, `bf16`, `float16`, `bfloat16`,
+# `16bit`): a line without them (an eval record whose numbers hold `16`) is answered without the regexes
+_PRECISION_HINTS = ("p16", "f16", "t16", "16b")  # (spelt out in precision_of: four `in` tests)
+
+
 def precision_of(text: str) -> Optional[str]:
     """'fp16' or 'bf16' when the line shows that precision switched on, else None."""
+    if not ("p16" in text or "f16" in text or "t16" in text or "16b" in text):
+        return None
     if _FP16_ON_RE.search(text):
         return "fp16"
     if _BF16_ON_RE.search(text):
