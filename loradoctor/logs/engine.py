@@ -205,6 +205,8 @@ class Matcher:
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
+        # digit-blind line text -> the require_all / exclude targets whose digit_blind regex missed it
+        self.blind_misses: dict[str, set] = {}
         self._prefilter = self._build(self.active)
         self._replan: Optional[bytes] = None  # the sample of a rebuild that waits for the next block
 
@@ -659,6 +661,114 @@ def _ignoring_case(compiled):
     return found
 
 
+_DIGIT_BLIND: dict[tuple, bool] = {}  # (pattern, flags) -> digit_blind(compiled)
+
+
+def digit_blind(compiled) -> bool:
+    r"""True when a built-in regex cannot tell one ASCII digit from another: no digit written literally,
+    every class holding all digits or none (`\d`, `\w`, `[0-9a-f]`, `[^\d]` do; `[1-9]`, `0x` do not), no
+    backreference. Its search on a line then goes the same way on the line with every digit written 0
+    (each step of the matcher tests a character against the same classes), so whether it matches is a
+    property of the digit-blind line: an eval record that a rule's require_all regex missed need not be
+    searched again when only its numbers changed. Anything the walk does not know counts as not blind."""
+    key = (compiled.pattern, compiled.flags)
+    found = _DIGIT_BLIND.get(key)
+    if found is None:
+        found = False
+        if compiled.__class__ is _VETTED and isinstance(compiled.pattern, str):
+            from re import _parser  # (the parser of the standard engine; only patterns searched get here)
+
+            try:
+                found = _blind_tree(_parser.parse(compiled.pattern, compiled.flags))
+            except Exception:  # an internal module that changed shape: not blind, searched as before
+                found = False
+        _DIGIT_BLIND[key] = found
+    return found
+
+
+_ASCII_DIGITS = frozenset(range(48, 58))
+
+
+def _blind_tree(items) -> bool:
+    from re import _constants as c
+
+    for op, av in items:
+        if op is c.LITERAL or op is c.NOT_LITERAL:
+            if av in _ASCII_DIGITS:
+                return False
+        elif op is c.IN:
+            if not _blind_class(av, c):
+                return False
+        elif op is c.ANY or op is c.AT:
+            continue
+        elif op is c.BRANCH:
+            if not all(_blind_tree(branch) for branch in av[1]):
+                return False
+        elif op is c.SUBPATTERN:
+            if not _blind_tree(av[3]):
+                return False
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
+            if not _blind_tree(av[2]):
+                return False
+        elif op is c.ASSERT or op is c.ASSERT_NOT:
+            if not _blind_tree(av[1]):
+                return False
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            if not _blind_tree(av):
+                return False
+        else:  # a backreference, a conditional, anything else
+            return False
+    return True
+
+
+def _blind_class(items, c) -> bool:
+    """A character class holds every ASCII digit or none (negated or not)."""
+    all_digits = (c.CATEGORY_DIGIT, c.CATEGORY_WORD, c.CATEGORY_NOT_SPACE, c.CATEGORY_UNI_DIGIT,
+                  c.CATEGORY_UNI_WORD, c.CATEGORY_UNI_NOT_SPACE, c.CATEGORY_NOT_LINEBREAK,
+                  c.CATEGORY_UNI_NOT_LINEBREAK)
+    no_digit = (c.CATEGORY_NOT_DIGIT, c.CATEGORY_NOT_WORD, c.CATEGORY_SPACE, c.CATEGORY_UNI_NOT_DIGIT,
+                c.CATEGORY_UNI_NOT_WORD, c.CATEGORY_UNI_SPACE, c.CATEGORY_LINEBREAK, c.CATEGORY_UNI_LINEBREAK)
+    held: set = set()
+    for op, av in items:
+        if op is c.NEGATE:
+            continue
+        if op is c.LITERAL:
+            if av in _ASCII_DIGITS:
+                held.add(av)
+        elif op is c.RANGE:
+            held.update(d for d in _ASCII_DIGITS if av[0] <= d <= av[1])
+        elif op is c.CATEGORY and av in all_digits:
+            held.update(_ASCII_DIGITS)
+        elif not (op is c.CATEGORY and av in no_digit):
+            return False
+    return not held or held == _ASCII_DIGITS
+
+
+def _search_shaped(matcher: "Matcher", target: tuple, i: int, pattern, text: str, blind: list, line: reader.Line):
+    """budget.search of a require_all / exclude regex, skipped when the regex is digit_blind and missed a
+    line of the same digit-blind text before (the answer would be the same: no match). `blind` holds the
+    line's digit-blind text once worked out (shared by the line's searches)."""
+    if matcher.nocase:
+        pattern = _ignoring_case(pattern)
+    shaped = digit_blind(pattern)
+    if shaped:
+        if not blind:
+            blind.append(text.translate(reader.DIGITS_BLIND))
+        misses = matcher.blind_misses.get(blind[0])
+        if misses is not None and target in misses:
+            return None
+    m = matcher.budget.search(i, pattern, text, line)
+    if m is None and shaped and len(text) <= LINE_CACHE_MAX_CHARS:
+        cache = matcher.blind_misses
+        misses = cache.get(blind[0])
+        if misses is None:
+            if len(cache) >= LINE_CACHE_ENTRIES:
+                cache.clear()
+            misses = cache[blind[0]] = set()
+        misses.add(target)
+    return m
+
+
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
     state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
@@ -672,6 +782,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     matched = False
     if results is None:
         results = []
+        blind: list = []  # the line's digit-blind text, once a search needs it
         budget = matcher.budget
         budget.line_spent = 0.0  # the regex time of this line's searches
         for kind, i, j in matcher.hits(text):
@@ -690,13 +801,11 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                 results.append((kind, i, j, _pattern_search(i, rule, line, budget, matcher.nocase)))
             elif kind == "r":
                 if not state.required[j]:
-                    pattern = rule.compiled_require[j]
-                    results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
-                                                              text, line)))
+                    results.append((kind, i, j, _search_shaped(matcher, (kind, i, j), i, rule.compiled_require[j],
+                                                               text, blind, line)))
             elif not state.excluded:
-                pattern = rule.compiled_exclude[j]
-                results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
-                                                          text, line)))
+                results.append((kind, i, j, _search_shaped(matcher, (kind, i, j), i, rule.compiled_exclude[j],
+                                                           text, blind, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()
