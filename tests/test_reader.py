@@ -423,3 +423,15 @@ def test_a_wrap_through_repeated_frame_paths_is_detected():
     wrapped = "".join(line[i:i + 80] + "\n" for line in text.splitlines() for i in range(0, max(len(line), 1), 80))
     assert reader.detect_wrap_width(wrapped.encode()) == 80
     assert reader.detect_wrap_width(text.encode()) is None
+
+
+def test_digits_blind_is_the_str_translate_it_replaces():
+    import random
+
+    from loradoctor.logs.reader import DIGITS_BLIND, digits_blind
+
+    rng = random.Random(1)
+    alphabet = "abc0123456789 é€😀\ud800\udfff\t٣"  # non-ASCII, astral, lone surrogates, an Arabic digit
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert digits_blind(text) == text.translate(DIGITS_BLIND), repr(text)

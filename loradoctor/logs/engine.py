@@ -753,7 +753,7 @@ def _search_shaped(matcher: "Matcher", target: tuple, i: int, pattern, text: str
     shaped = digit_blind(pattern)
     if shaped:
         if not blind:
-            blind.append(text.translate(reader.DIGITS_BLIND))
+            blind.append(reader.digits_blind(text))
         misses = matcher.blind_misses.get(blind[0])
         if misses is not None and target in misses:
             return None

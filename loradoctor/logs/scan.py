@@ -102,9 +102,9 @@ class LiteralIndex:
 
     def __init__(self, items: Iterable[tuple[str, bool, Any]], empty: Callable[[], Any],
                  cache_entries: int = 4096) -> None:
-        from loradoctor.logs.reader import DIGITS_BLIND
+        from loradoctor.logs.reader import DIGITS_BLIND, digits_blind
 
-        self._blind_table = DIGITS_BLIND
+        self._blind = digits_blind
         merged: dict[tuple[str, bool], Any] = {}
         for text, ignore_case, payload in items:
             key = (text.lower() if ignore_case else text, ignore_case)
@@ -125,7 +125,7 @@ class LiteralIndex:
 
     def find(self, text: str) -> Any:
         """The union of the payloads of the literals in `text` (do not modify it: it may be remembered)."""
-        blind = text.translate(self._blind_table)
+        blind = self._blind(text)
         cached = self._cache.get(blind)
         if cached is None:
             low = blind.lower() if self._nocase_digits else ""
