@@ -435,3 +435,26 @@ def test_digits_blind_is_the_str_translate_it_replaces():
     for _ in range(5000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         assert digits_blind(text) == text.translate(DIGITS_BLIND), repr(text)
+
+
+def test_retain_freed_memory_only_for_big_inputs(tmp_path, monkeypatch):
+    """explain sets glibc's thresholds (reader.retain_freed_memory) only when its inputs are big; the call is
+    safe anywhere (False where there is no mallopt) and answers the same the second time."""
+    import sys
+
+    from loradoctor.logs import engine, reader
+
+    calls = []
+    monkeypatch.setattr(reader, "retain_freed_memory", lambda: calls.append(1) or True)
+    log = tmp_path / "train.log"
+    log.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    engine.explain([str(log)])
+    assert calls == []
+    monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 10)
+    engine.explain([str(log)])
+    assert calls == [1]
+    monkeypatch.undo()
+    first = reader.retain_freed_memory()
+    assert reader.retain_freed_memory() is first
+    if sys.platform.startswith("linux") and "glibc" in " ".join(__import__("platform").libc_ver()):
+        assert first is True
