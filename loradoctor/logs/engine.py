@@ -367,6 +367,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 if cut:
                     view = rest_view
             segments = matcher.prefilter.candidates(view)
+            counted = matcher.prefilter.newlines  # the view's newlines when the anchor walk counted them
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose
                 # again from this block, for the blocks that follow
@@ -384,9 +385,13 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             count = 0
             # line numbers: newlines counted up to each candidate (one pass over the view in all); in a
             # log of long lines (progress-bar redraws) a memchr walk from line to line beats bytes.count
+            # (the anchor walk numbered most segments; the others are counted from the last one)
             newlines = view.count if not long_lines else _LineWalk(view).count
             for seg in segments:
-                count += newlines(b"\n", pos, seg.line_start)
+                if seg.newlines is not None:
+                    count = seg.newlines
+                else:
+                    count += newlines(b"\n", pos, seg.line_start)
                 pos = seg.line_start
                 raw = view[seg.start:seg.end]
                 if seg.end < seg.line_end and not is_last_segment(view, seg) and _is_bar_bytes(raw):
@@ -415,7 +420,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     if len(inert) >= LINE_CACHE_ENTRIES:
                         inert.clear()
                     inert[raw] = line.quote() if is_errorish(line.text) else ""
-            block_lines = count + newlines(b"\n", pos, len(view))
+            block_lines = counted if counted is not None else count + newlines(b"\n", pos, len(view))
             base += block_lines + len(joins)
             long_lines = block_lines * LONG_LINE_BYTES < len(view)
             # nothing of this block is held while the next one is read and split (peak RSS)

@@ -13,6 +13,7 @@ many segments are searched whole, one by one (bytes.find)."""
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence, Union
@@ -167,6 +168,7 @@ class Segment:
     start: int
     end: int
     line_end: int
+    newlines: "int | None" = None  # newlines in the block before line_start, when the anchor walk counted them
 
 
 class Prefilter:
@@ -194,6 +196,7 @@ class Prefilter:
         # planned now with a sample, else on first use: the engine plans on the input's first block
         # anyway, so a plan from the built-in byte guesses here (~5 ms) would be thrown away
         self._planned = False
+        self.newlines: "int | None" = None  # of the last block candidates() walked, when it counted them
         if sample:
             self.plan(sample)
 
@@ -265,6 +268,9 @@ class Prefilter:
         self._recent: list[tuple[bytes, bool]] = []  # anchored literals that hit lately, latest first
         self.misses = 0
         self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
+        # the walk's sequence keeps the newlines too (they count the lines), unless a newline is an anchor
+        self._count_lines = 10 not in anchor_bytes
+        self._drop_lines = self._drop.replace(b"\n", b"") if self._count_lines else self._drop
         self.anchor_bytes = bytes(sorted(anchor_bytes))
         self._planned = True
 
@@ -287,7 +293,9 @@ class Prefilter:
         """Segments of `block` that contain a literal, in order, without duplicates. Afterwards
         `self.misses` says how many segments had to be checked afresh: many more than REPLAN_MISSES
         means the anchors chosen from the input's start have become common, and the caller should
-        plan() again on a sample of this block."""
+        plan() again on a sample of this block; `self.newlines` is the number of newlines in the block
+        when the walk counted them (else None), and each segment the walk found has its `newlines`."""
+        self.newlines = None
         if not self._kept:
             return []
         self._ensure_planned()
@@ -300,8 +308,17 @@ class Prefilter:
         # is small). The walk goes from anchor to anchor with memchr (bytes.find of one byte): the
         # next anchor after a segment is the byte `sequence[k]`, k the anchors counted so far, and no
         # anchor lies between the segment's end and that byte's next occurrence.
-        sequence = block.translate(None, drop) if self.anchor_bytes else b""
-        if sequence:
+        # The sequence keeps every newline as well (a small price: one byte a line): the newlines before
+        # an anchor are its index in the sequence less the anchors before it, so the walk numbers the
+        # lines of its segments and the block's line count is sequence.count(b"\n"); the engine then
+        # needs no pass of its own from candidate to candidate.
+        lines = self._count_lines
+        sequence = block.translate(None, self._drop_lines) if self.anchor_bytes else b""
+        if lines and self.anchor_bytes:
+            self.newlines = sequence.count(b"\n")
+        at = _NOT_NEWLINE.search(sequence) if lines else (0 if sequence else None)
+        if at is not None:
+            index = at if not lines else at.start()  # of the anchor at `pos`, in the sequence
             bfind, brfind = block.find, block.rfind
             by_byte = self._by_byte
             verdicts = self._verdicts
@@ -309,7 +326,8 @@ class Prefilter:
             misses = 0
             total = len(sequence)
             seen = 0  # anchors before `pos`
-            pos = bfind(sequence[0])
+            search = _NOT_NEWLINE.search
+            pos = bfind(sequence[index])
             # inlined _segment: this loop runs once per segment that holds an anchor byte
             while True:
                 line_start = brfind(b"\n", 0, pos) + 1
@@ -366,12 +384,25 @@ class Prefilter:
                         if len(verdicts) >= VERDICT_CACHE_ENTRIES:
                             verdicts.clear()  # the log changed shape: remember the new lines
                         verdicts[text] = (hit, count)
-                if hit:
-                    found[start] = Segment(line_start, start, end, line_end)
-                seen += count
-                if seen >= total:
-                    break
-                pos = bfind(sequence[seen], end)
+                if lines:
+                    before = index - seen  # newlines before pos: none lies between line_start and pos
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end, before)
+                    seen += count
+                    # the segment holds no newline: the sequence's elements before `end` are the anchors
+                    # and the newlines before it; the next anchor is the first non-newline after those
+                    nxt = search(sequence, seen + before)
+                    if nxt is None:
+                        break
+                    index = nxt.start()
+                else:
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end)
+                    seen += count
+                    if seen >= total:
+                        break
+                    index = seen
+                pos = bfind(sequence[index], end)
             self.misses = misses
         walks = [(block, lit) for lit in self._alone_cs]
         if self._alone_ci:
@@ -390,6 +421,9 @@ class Prefilter:
         """True when any literal occurs in text."""
         low = text.lower()
         return any((d in low) if ci else (d in text) for d, ci in self._kept)
+
+
+_NOT_NEWLINE = re.compile(rb"[^\n]")
 
 
 def _segment_counts(sample: bytes, wanted: set[int]) -> dict[int, int]:
