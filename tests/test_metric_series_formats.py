@@ -409,3 +409,25 @@ def test_precision_hints_cover_every_form_the_regexes_match():
         assert precision_of(line) == want, line
         found = "fp16" if _FP16_ON_RE.search(line) else "bf16" if _BF16_ON_RE.search(line) else None
         assert found == want, line
+
+
+def test_metric_matches_remembered_per_digit_blind_text_are_the_regex_matches():
+    """metrics._metric_matches cuts the spans remembered for a line's digit-blind text from the line
+    itself: the same (key, number, unit) as _METRIC_RE.finditer on every line, whatever came before."""
+    import random
+
+    from loradoctor.logs.facts import metrics
+
+    rng = random.Random(11)
+    shapes = ["{{'eval_loss': {a}, 'eval_runtime': {b}, 'epoch': {c}}}", "step {a} | loss {b} | lr {c}e-0{d}",
+              "loss={a} grad_norm={b} gpu_mem={c}{u} lr: {d}", '{{"loss": "{a}", "grad_norm": {b}}}',
+              "train/loss_{d}: {a}, layer{d}.w: {b}", "Iter {d}: Train loss {a}, It/sec {b}", "x{d}={a}.{b}e{c}",
+              "mem {a} GB, loss:{b}{u} 1{d}={c}"]
+    assert metrics._METRIC_BLIND in ([], [True])
+    for _ in range(3000):
+        text = rng.choice(shapes).format(
+            a=rng.choice(["0.5", "12", "nan", "-inf", "1e-05", "3.25", "7"]), b=rng.randint(0, 10 ** rng.randint(0, 6)),
+            c=round(rng.random() * 10, rng.randint(0, 4)), d=rng.randint(0, 99), u=rng.choice(["", "G", "GiB", "mb"]))
+        want = [m.group(1, 2, 3) for m in metrics._METRIC_RE.finditer(text)]
+        assert metrics._metric_matches(text) == want, text
+    assert metrics._METRIC_BLIND == [True] and metrics._METRIC_SPANS
