@@ -206,7 +206,7 @@ def test_line_numbers_of_a_log_of_long_lines_are_counted_alike_either_way(tmp_pa
                  "of 23.65 GiB of which 1.02 GiB is free.")
     path = tmp_path / "bars.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    monkeypatch.setattr(engine, "FIRST_BLOCK_BYTES", 64 << 10)  # then 8 MiB blocks: the walk counts them
+    monkeypatch.setattr(engine, "FIRST_BLOCK_BYTES", 64 << 10)  # then 4 MiB blocks: the walk counts them
     walked = engine.explain([str(path)]).to_dict()
     monkeypatch.setattr(engine, "LONG_LINE_BYTES", 1 << 40)  # bytes.count throughout
     counted = engine.explain([str(path)]).to_dict()
