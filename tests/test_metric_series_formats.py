@@ -431,3 +431,38 @@ def test_metric_matches_remembered_per_digit_blind_text_are_the_regex_matches():
         want = [m.group(1, 2, 3) for m in metrics._METRIC_RE.finditer(text)]
         assert metrics._metric_matches(text) == want, text
     assert metrics._METRIC_BLIND == [True] and metrics._METRIC_SPANS
+
+
+def test_repeat_tracker_gives_up_early_only_where_no_repeat_can_follow():
+    """The tracker stops once records - border > STORE / 2 (no later record can make a repeat); the same
+    result as tracking to the end, on series that repeat from the start, late, never, or break."""
+    class ToTheEnd(RepeatTracker):
+        GIVE_UP_EARLY = False
+
+    rng = random.Random(17)
+    store = RepeatTracker.STORE
+    series_list = [[rng.random() for _ in range(store + 20)]]
+    for _ in range(24):
+        period = rng.choice([2, 3, 5, 50, 700, store // 2 - 1, store // 2, store // 2 + 1])
+        head = [round(rng.random(), 2) for _ in range(period)]
+        n = rng.choice([period * 2 - 1, period * 2, store - 1, store, store + 30])
+        series = (head * (n // period + 2))[:n]
+        if rng.random() < 0.3:
+            series[rng.randrange(len(series))] = 9.0  # one record breaks it
+        if rng.random() < 0.2:
+            series = [rng.random() for _ in range(rng.randrange(1, store // 2 + 5))] + series  # a head first
+        series_list.append(series[: store + 40])
+    for series in series_list:
+        early, full = RepeatTracker(), ToTheEnd()
+        early.add_many(series)
+        full.add_many(series)
+        assert early.result() == full.result(), len(series)
+        cut = rng.randrange(len(series))  # and record by record, stopped anywhere
+        early, full = RepeatTracker(), ToTheEnd()
+        for x in series[:cut]:
+            early.add(x)
+            full.add(x)
+        assert early.result() == full.result()
+    t = RepeatTracker()
+    t.add_many([rng.random() for _ in range(store)])
+    assert t.broken and t.n <= store // 2 + 1  # random losses: stopped after half the store
