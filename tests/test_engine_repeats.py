@@ -93,3 +93,72 @@ def test_goodlogs_report_the_same(monkeypatch):
     for path in sorted((FIXTURES / "goodlogs").iterdir()):
         fast, slow = _both(monkeypatch, [str(path)])
         assert fast == slow, path.name
+
+
+# --- digit-blind regexes: a require_all / exclude regex that missed a line is not searched again on a line
+# that differs only in its digits (engine.digit_blind, Matcher.blind_misses) ------------------------------
+
+def test_digit_blind_judges_patterns():
+    import re
+
+    for source, blind in [(r"\bloss\s*[=:]", True), (r"GPU 0 has", False), (r"[1-9]\d*", False),
+                          (r"[0-9a-f]+", True), (r"(a)\1", False), (r"[^\d]x", True), (r"(?i)error\W+code", True),
+                          (r"\d{3}", True), (r"x{2}", True), (r"(?<!\d)\d+(?=\s)", True), (r"[\w.]+", True),
+                          (r"[a-z5]", False), (r"[^0-4]", False), (r"(?P<n>\d+)?x(?(n)y|z)", False)]:
+        assert engine.digit_blind(re.compile(source)) is blind, source
+
+
+def test_digit_blind_regexes_answer_alike_on_lines_with_other_digits():
+    """Every built-in require_all / exclude regex judged digit_blind matches a fixture line exactly when it
+    matches the line with its digits changed (random ones, and all written 0)."""
+    import random
+
+    from loradoctor.logs.reader import DIGITS_BLIND
+    from loradoctor.logs.rules import load_rules
+
+    rng = random.Random(5)
+    lines = []
+    for path in sorted((FIXTURES / "logs").rglob("*")):
+        if path.is_file():
+            lines += [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
+                      if any(ch.isdigit() for ch in ln)]
+    lines = rng.sample(lines, min(len(lines), 600))
+    variants = [(ln, "".join(rng.choice("0123456789") if ch in "0123456789" else ch for ch in ln),
+                 ln.translate(DIGITS_BLIND)) for ln in lines]
+    checked = 0
+    for rule in load_rules():
+        for pattern in list(rule.compiled_require) + list(rule.compiled_exclude):
+            if not engine.digit_blind(pattern):
+                continue
+            checked += 1
+            for line, shuffled, blind in variants:
+                want = pattern.search(line) is None
+                assert (pattern.search(shuffled) is None) is want and (pattern.search(blind) is None) is want, \
+                    (rule.id, pattern.pattern, line)
+    assert checked > 20
+
+
+def test_eval_records_report_the_same_with_blind_misses_off(tmp_path, monkeypatch):
+    records = "".join(f"{{'eval_loss': {1 + i / 97:.4f}, 'eval_runtime': 41.{i % 10}, 'eval_steps_per_second': "
+                      f"3.0{i % 7}, 'epoch': {i / 50:.2f}}}\n" for i in range(200))
+    log = tmp_path / "evals.log"
+    # the records first: REPEATED's `trainer.train()` meets a require_all the records' `loss` sends them to
+    log.write_text(records + REPEATED + records[: len(records) // 2] + "torch.OutOfMemoryError: CUDA out "
+                   "of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.54 GiB of which 1.12 GiB "
+                   "is free.\n")
+    searched = []
+    real_search = engine.MatchBudget.search
+
+    def counting(self, i, compiled, text, line):
+        searched.append(i)
+        return real_search(self, i, compiled, text, line)
+
+    monkeypatch.setattr(engine.MatchBudget, "search", counting)
+    fast = _report([str(log)])
+    fast_searches = len(searched)
+    searched.clear()
+    monkeypatch.setattr(engine, "digit_blind", lambda compiled: False)
+    slow = _report([str(log)])
+    assert fast == slow
+    assert fast["findings"]
+    assert fast_searches < len(searched)

@@ -364,3 +364,105 @@ def test_a_nan_average_loss_and_an_unended_cut_record_give_no_average():
     # a cut record whose next line does not end it: the next line is read as any other
     f = _collect([SUMMARY[:80], "{'loss': 1.25, 'grad_norm': 0.5, 'learning_rate': 0.0002, 'epoch': 0.1}"])
     assert "metrics.train_loss" not in f and f["metrics.steps"] == 1
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    """A regex source cut at its top-level `|` (not inside a group or a class, not escaped)."""
+    out, depth, in_class, start, i = [], 0, False, 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return out + [pattern[start:]]
+
+
+def test_precision_hints_cover_every_form_the_regexes_match():
+    """precision_of answers None without its regexes for a line holding none of _PRECISION_HINTS (an eval
+    record whose numbers hold `16`, ~30 us saved a line): every top-level alternative of both regexes
+    spells one of the hints literally, and lines of each form are still read."""
+    from loradoctor.logs.facts.metrics import _BF16_ON_RE, _FP16_ON_RE, _PRECISION_HINTS, precision_of
+
+    for regex in (_FP16_ON_RE, _BF16_ON_RE):
+        alternatives = _top_level_alternatives(regex.pattern)
+        assert len(alternatives) == 8
+        for alternative in alternatives:
+            assert any(hint in alternative for hint in _PRECISION_HINTS), alternative
+    for line, want in [("fp16=True", "fp16"), ("--bf16", "bf16"), ("mixed_precision: 'fp16'", "fp16"),
+                       ("compute dtype: torch.bfloat16", "bf16"), ('"fp16": {"enabled": true', "fp16"),
+                       ("Bfloat16 = FALSE", "fp16"), ("Bfloat16 = TRUE", "bf16"),
+                       ("Using 16bit Automatic Mixed Precision (AMP)", "fp16"),
+                       ("Using bfloat16 Automatic Mixed Precision (AMP)", "bf16"), ("  dtype: bf16", "bf16"),
+                       ("{'eval_loss': 1.2616, 'eval_runtime': 41.2, 'epoch': 0.16}", None)]:
+        assert precision_of(line) == want, line
+        found = "fp16" if _FP16_ON_RE.search(line) else "bf16" if _BF16_ON_RE.search(line) else None
+        assert found == want, line
+
+
+def test_metric_matches_remembered_per_digit_blind_text_are_the_regex_matches():
+    """metrics._metric_matches cuts the spans remembered for a line's digit-blind text from the line
+    itself: the same (key, number, unit) as _METRIC_RE.finditer on every line, whatever came before."""
+    import random
+
+    from loradoctor.logs.facts import metrics
+
+    rng = random.Random(11)
+    shapes = ["{{'eval_loss': {a}, 'eval_runtime': {b}, 'epoch': {c}}}", "step {a} | loss {b} | lr {c}e-0{d}",
+              "loss={a} grad_norm={b} gpu_mem={c}{u} lr: {d}", '{{"loss": "{a}", "grad_norm": {b}}}',
+              "train/loss_{d}: {a}, layer{d}.w: {b}", "Iter {d}: Train loss {a}, It/sec {b}", "x{d}={a}.{b}e{c}",
+              "mem {a} GB, loss:{b}{u} 1{d}={c}"]
+    assert metrics._METRIC_BLIND in ([], [True])
+    for _ in range(3000):
+        text = rng.choice(shapes).format(
+            a=rng.choice(["0.5", "12", "nan", "-inf", "1e-05", "3.25", "7"]), b=rng.randint(0, 10 ** rng.randint(0, 6)),
+            c=round(rng.random() * 10, rng.randint(0, 4)), d=rng.randint(0, 99), u=rng.choice(["", "G", "GiB", "mb"]))
+        want = [m.group(1, 2, 3) for m in metrics._METRIC_RE.finditer(text)]
+        assert metrics._metric_matches(text) == want, text
+    assert metrics._METRIC_BLIND == [True] and metrics._METRIC_SPANS
+
+
+def test_repeat_tracker_gives_up_early_only_where_no_repeat_can_follow():
+    """The tracker stops once records - border > STORE / 2 (no later record can make a repeat); the same
+    result as tracking to the end, on series that repeat from the start, late, never, or break."""
+    class ToTheEnd(RepeatTracker):
+        GIVE_UP_EARLY = False
+
+    rng = random.Random(17)
+    store = RepeatTracker.STORE
+    series_list = [[rng.random() for _ in range(store + 20)]]
+    for _ in range(24):
+        period = rng.choice([2, 3, 5, 50, 700, store // 2 - 1, store // 2, store // 2 + 1])
+        head = [round(rng.random(), 2) for _ in range(period)]
+        n = rng.choice([period * 2 - 1, period * 2, store - 1, store, store + 30])
+        series = (head * (n // period + 2))[:n]
+        if rng.random() < 0.3:
+            series[rng.randrange(len(series))] = 9.0  # one record breaks it
+        if rng.random() < 0.2:
+            series = [rng.random() for _ in range(rng.randrange(1, store // 2 + 5))] + series  # a head first
+        series_list.append(series[: store + 40])
+    for series in series_list:
+        early, full = RepeatTracker(), ToTheEnd()
+        early.add_many(series)
+        full.add_many(series)
+        assert early.result() == full.result(), len(series)
+        cut = rng.randrange(len(series))  # and record by record, stopped anywhere
+        early, full = RepeatTracker(), ToTheEnd()
+        for x in series[:cut]:
+            early.add(x)
+            full.add(x)
+        assert early.result() == full.result()
+    t = RepeatTracker()
+    t.add_many([rng.random() for _ in range(store)])
+    assert t.broken and t.n <= store // 2 + 1  # random losses: stopped after half the store

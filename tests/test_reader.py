@@ -460,3 +460,38 @@ def test_a_wrap_through_repeated_frame_paths_is_detected():
     wrapped = "".join(line[i:i + 80] + "\n" for line in text.splitlines() for i in range(0, max(len(line), 1), 80))
     assert reader.detect_wrap_width(wrapped.encode()) == 80
     assert reader.detect_wrap_width(text.encode()) is None
+
+
+def test_digits_blind_is_the_str_translate_it_replaces():
+    import random
+
+    from loradoctor.logs.reader import DIGITS_BLIND, digits_blind
+
+    rng = random.Random(1)
+    alphabet = "abc0123456789 é€😀\ud800\udfff\t٣"  # non-ASCII, astral, lone surrogates, an Arabic digit
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert digits_blind(text) == text.translate(DIGITS_BLIND), repr(text)
+
+
+def test_retain_freed_memory_only_for_big_inputs(tmp_path, monkeypatch):
+    """explain sets glibc's thresholds (reader.retain_freed_memory) only when its inputs are big; the call is
+    safe anywhere (False where there is no mallopt) and answers the same the second time."""
+    import sys
+
+    from loradoctor.logs import engine, reader
+
+    calls = []
+    monkeypatch.setattr(reader, "retain_freed_memory", lambda: calls.append(1) or True)
+    log = tmp_path / "train.log"
+    log.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    engine.explain([str(log)])
+    assert calls == []
+    monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 10)
+    engine.explain([str(log)])
+    assert calls == [1]
+    monkeypatch.undo()
+    first = reader.retain_freed_memory()
+    assert reader.retain_freed_memory() is first
+    if sys.platform.startswith("linux") and "glibc" in " ".join(__import__("platform").libc_ver()):
+        assert first is True

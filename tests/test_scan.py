@@ -42,6 +42,7 @@ def _brute_force(block: bytes) -> list[bytes]:
 def test_candidates_match_brute_force_whatever_the_plan():
     rng = random.Random(7)
     pre = Prefilter(LITERALS)
+    counted = 0
     for round_no in range(400):
         block = _random_block(rng)
         if round_no % 7 == 0:  # a plan from an unrepresentative sample, or from this block
@@ -50,6 +51,11 @@ def test_candidates_match_brute_force_whatever_the_plan():
             segs = pre.candidates(block)
             assert [block[s.start:s.end] for s in segs] == _brute_force(block)
             assert all(block.rfind(b"\n", 0, s.start) + 1 == s.line_start for s in segs)
+            # the walk's line count: the engine numbers lines with it
+            assert all(s.newlines == block.count(b"\n", 0, s.line_start) for s in segs if s.newlines is not None)
+            assert pre.newlines is None or pre.newlines == block.count(b"\n")
+            counted += sum(s.newlines is not None for s in segs) + (pre.newlines is not None)
+    assert counted > 1000
 
 
 def test_anchors_that_turn_common_are_reported_and_replanned():
@@ -200,7 +206,7 @@ def test_line_numbers_of_a_log_of_long_lines_are_counted_alike_either_way(tmp_pa
                  "of 23.65 GiB of which 1.02 GiB is free.")
     path = tmp_path / "bars.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    monkeypatch.setattr(engine, "FIRST_BLOCK_BYTES", 64 << 10)  # then 8 MiB blocks: the walk counts them
+    monkeypatch.setattr(engine, "FIRST_BLOCK_BYTES", 64 << 10)  # then 4 MiB blocks: the walk counts them
     walked = engine.explain([str(path)]).to_dict()
     monkeypatch.setattr(engine, "LONG_LINE_BYTES", 1 << 40)  # bytes.count throughout
     counted = engine.explain([str(path)]).to_dict()

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Optional
 from loradoctor.lazyre import is_pattern, lazy_re
 from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
+from loradoctor.logs.reader import digit_blind
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, RawPosition, is_errorish)
@@ -205,6 +206,8 @@ class Matcher:
         self.direct = targets
         self.active = set(keys)
         self.line_cache: dict[str, list] = {}  # line text -> its (kind, i, j, match) results
+        # digit-blind line text -> the require_all / exclude targets whose digit_blind regex missed it
+        self.blind_misses: dict[str, set] = {}
         self._prefilter = self._build(self.active)
         self._replan: Optional[bytes] = None  # the sample of a rebuild that waits for the next block
 
@@ -306,6 +309,8 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     Lines still pending for a rule at the end (DEFER_LINES) are searched when `resolve(rule,
     state)` says the rule can still fire (all of them when `resolve` is None); the others are
     dropped: such a rule has no match and cannot fire anyway."""
+    if sum(item.bytes for item in inputs) >= reader.RETAIN_FROM_BYTES:
+        reader.retain_freed_memory()  # a big log: its freed blocks are reused, not faulted in again
     plain = matcher = Matcher(rules)
     nocase: Optional[Matcher] = None  # built on the first lower-cased input
     states = [_RuleState(required=[False] * len(r.require_all), pending=[] if r.patterns else None) for r in rules]
@@ -363,6 +368,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                 if cut:
                     view = rest_view
             segments = matcher.prefilter.candidates(view)
+            counted = matcher.prefilter.newlines  # the view's newlines when the anchor walk counted them
             if matcher.prefilter.misses > REPLAN_MISSES:
                 # the anchors chosen at the start became common (the log changed shape): choose
                 # again from this block, for the blocks that follow
@@ -380,9 +386,13 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             count = 0
             # line numbers: newlines counted up to each candidate (one pass over the view in all); in a
             # log of long lines (progress-bar redraws) a memchr walk from line to line beats bytes.count
+            # (the anchor walk numbered most segments; the others are counted from the last one)
             newlines = view.count if not long_lines else _LineWalk(view).count
             for seg in segments:
-                count += newlines(b"\n", pos, seg.line_start)
+                if seg.newlines is not None:
+                    count = seg.newlines
+                else:
+                    count += newlines(b"\n", pos, seg.line_start)
                 pos = seg.line_start
                 raw = view[seg.start:seg.end]
                 if seg.end < seg.line_end and not is_last_segment(view, seg) and _is_bar_bytes(raw):
@@ -411,7 +421,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
                     if len(inert) >= LINE_CACHE_ENTRIES:
                         inert.clear()
                     inert[raw] = line.quote() if is_errorish(line.text) else ""
-            block_lines = count + newlines(b"\n", pos, len(view))
+            block_lines = counted if counted is not None else count + newlines(b"\n", pos, len(view))
             base += block_lines + len(joins)
             long_lines = block_lines * LONG_LINE_BYTES < len(view)
             # nothing of this block is held while the next one is read and split (peak RSS)
@@ -659,6 +669,31 @@ def _ignoring_case(compiled):
     return found
 
 
+def _search_shaped(matcher: "Matcher", target: tuple, i: int, pattern, text: str, blind: list, line: reader.Line):
+    """budget.search of a require_all / exclude regex, skipped when the regex is digit_blind and missed a
+    line of the same digit-blind text before (the answer would be the same: no match). `blind` holds the
+    line's digit-blind text once worked out (shared by the line's searches)."""
+    if matcher.nocase:
+        pattern = _ignoring_case(pattern)
+    shaped = digit_blind(pattern)
+    if shaped:
+        if not blind:
+            blind.append(reader.digits_blind(text))
+        misses = matcher.blind_misses.get(blind[0])
+        if misses is not None and target in misses:
+            return None
+    m = matcher.budget.search(i, pattern, text, line)
+    if m is None and shaped and len(text) <= LINE_CACHE_MAX_CHARS:
+        cache = matcher.blind_misses
+        misses = cache.get(blind[0])
+        if misses is None:
+            if len(cache) >= LINE_CACHE_ENTRIES:
+                cache.clear()
+            misses = cache[blind[0]] = set()
+        misses.add(target)
+    return m
+
+
 def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: list[_RuleState]) -> bool:
     """Try the line against the rules whose literals it holds; True when a match changed a rule's
     state (a new piece of evidence, a require_all met, an exclude seen). What a line's text does to
@@ -672,6 +707,7 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
     matched = False
     if results is None:
         results = []
+        blind: list = []  # the line's digit-blind text, once a search needs it
         budget = matcher.budget
         budget.line_spent = 0.0  # the regex time of this line's searches
         for kind, i, j in matcher.hits(text):
@@ -690,13 +726,11 @@ def _match_line(line: reader.Line, matcher: Matcher, rules: list[Rule], states: 
                 results.append((kind, i, j, _pattern_search(i, rule, line, budget, matcher.nocase)))
             elif kind == "r":
                 if not state.required[j]:
-                    pattern = rule.compiled_require[j]
-                    results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
-                                                              text, line)))
+                    results.append((kind, i, j, _search_shaped(matcher, (kind, i, j), i, rule.compiled_require[j],
+                                                               text, blind, line)))
             elif not state.excluded:
-                pattern = rule.compiled_exclude[j]
-                results.append((kind, i, j, budget.search(i, _ignoring_case(pattern) if matcher.nocase else pattern,
-                                                          text, line)))
+                results.append((kind, i, j, _search_shaped(matcher, (kind, i, j), i, rule.compiled_exclude[j],
+                                                           text, blind, line)))
         if len(text) <= LINE_CACHE_MAX_CHARS:
             if len(cache) >= LINE_CACHE_ENTRIES:
                 cache.clear()

@@ -4,15 +4,16 @@ A training log is mostly progress-bar redraws and metric dicts; the lines a diag
 rare. The engine gives this module every literal that any rule or extractor cares about. Each
 literal gets an *anchor*: its byte found in the fewest `\r`/`\n` segments of a sample of this
 input (the engine samples the start without metric dicts, and samples again when a block needs
-too many fresh checks). One `bytes.translate` turns every anchor byte of a block into NUL, then
-`bytes.find` (memchr) walks the NULs; each segment holding one is checked once against the
-literals anchored on the anchor bytes it holds (the literals that hit lately first: a log repeats
+too many fresh checks). One `bytes.translate` deletes every other byte of a block, leaving its anchor
+bytes in order, and `bytes.find` of one byte (memchr) walks from one to the next; each segment holding
+one is checked once against the literals anchored on the anchor bytes it holds (the literals that hit lately first: a log repeats
 its shapes), and the verdict is remembered for repeated lines.
 Only segments that contain a literal are decoded and normalised. Literals whose every byte is in
 many segments are searched whole, one by one (bytes.find)."""
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from loradoctor.record import record
 from typing import Any, Callable, Iterable, Sequence, Union
@@ -102,9 +103,9 @@ class LiteralIndex:
 
     def __init__(self, items: Iterable[tuple[str, bool, Any]], empty: Callable[[], Any],
                  cache_entries: int = 4096) -> None:
-        from loradoctor.logs.reader import DIGITS_BLIND
+        from loradoctor.logs.reader import DIGITS_BLIND, digits_blind
 
-        self._blind_table = DIGITS_BLIND
+        self._blind = digits_blind
         merged: dict[tuple[str, bool], Any] = {}
         for text, ignore_case, payload in items:
             key = (text.lower() if ignore_case else text, ignore_case)
@@ -125,7 +126,7 @@ class LiteralIndex:
 
     def find(self, text: str) -> Any:
         """The union of the payloads of the literals in `text` (do not modify it: it may be remembered)."""
-        blind = text.translate(self._blind_table)
+        blind = self._blind(text)
         cached = self._cache.get(blind)
         if cached is None:
             low = blind.lower() if self._nocase_digits else ""
@@ -167,6 +168,7 @@ class Segment:
     start: int
     end: int
     line_end: int
+    newlines: "int | None" = None  # newlines in the block before line_start, when the anchor walk counted them
 
 
 class Prefilter:
@@ -194,6 +196,7 @@ class Prefilter:
         # planned now with a sample, else on first use: the engine plans on the input's first block
         # anyway, so a plan from the built-in byte guesses here (~5 ms) would be thrown away
         self._planned = False
+        self.newlines: "int | None" = None  # of the last block candidates() walked, when it counted them
         if sample:
             self.plan(sample)
 
@@ -216,16 +219,16 @@ class Prefilter:
     def plan(self, sample: bytes) -> None:
         """Choose, for each literal, its rarest byte in `sample` (the start of the input, ideally
         without the metric dicts the engine cuts out; a built-in guess of byte frequencies when
-        empty). All chosen bytes are found in ONE pass: the block is translated so that exactly
-        those bytes become NUL, then memchr walks the NULs. Every NUL costs a few microseconds of
-        Python, while one bytes.find of a whole literal costs about as much as a NUL every few
+        empty). All chosen bytes are found in ONE pass: the block is translated with every other
+        byte deleted, then memchr walks from anchor to anchor. Every anchor costs a few microseconds of
+        Python, while one bytes.find of a whole literal costs about as much as an anchor every few
         KiB; so a literal whose rarest byte is commoner than that (`loss`, `torch`, `nan` in a
         busy log) is searched on its own instead (bytes.find of the whole literal, on a
         lower-cased copy when it ignores case)."""
         sample = sample[:SAMPLE_BYTES]
         if len(sample) >= DEDUPE_MIN_SAMPLE:
             self._kept = self._minimal_literals()
-        # a NUL walk visits each *segment* holding an anchor byte once, so what matters is how
+        # the walk visits each *segment* holding an anchor byte once, so what matters is how
         # many segments hold the byte: a letter that fills every warning line but never occurs
         # in progress bars or metric dicts is a fine anchor. Counted per byte, capped (cheap).
         segs = _segment_counts(sample, {b for d, _ in self._kept for b in d}) if sample else {}
@@ -263,15 +266,14 @@ class Prefilter:
                 by_byte.setdefault(b, []).append((data, ci))
         anchor_bytes.discard(0)
         self._by_byte = by_byte
-        table = bytearray(range(256))
-        table[0] = 1  # a NUL in the input must not look like a hit
-        for b in anchor_bytes:
-            table[b] = 0
-        self._table = bytes(table) if anchor_bytes else None
-        self._verdicts: dict[bytes, bool] = {}  # segment bytes -> holds a literal (this plan)
+        # segment bytes -> (holds a literal, how many anchor bytes it holds) (this plan)
+        self._verdicts: dict[bytes, tuple[bool, int]] = {}
         self._recent: list[tuple[bytes, bool]] = []  # anchored literals that hit lately, latest first
         self.misses = 0
         self._drop = bytes(b for b in range(256) if b not in anchor_bytes)  # translate(None, drop) keeps anchors
+        # the walk's sequence keeps the newlines too (they count the lines), unless a newline is an anchor
+        self._count_lines = 10 not in anchor_bytes
+        self._drop_lines = self._drop.replace(b"\n", b"") if self._count_lines else self._drop
         self.anchor_bytes = bytes(sorted(anchor_bytes))
         self._planned = True
 
@@ -290,36 +292,47 @@ class Prefilter:
         self._ensure_planned()
         return [bytes((b,)) for b in self.anchor_bytes] + self._alone_cs + self._alone_ci
 
-    def candidates(self, block: bytes, masked: Iterable[tuple[int, int]] = ()) -> list[Segment]:
-        """Segments of `block` that contain a literal, in order, without duplicates. Anchor bytes
-        inside the `masked` (start, end) spans are ignored (the engine masks metric dicts, which
-        it reads with its own regex, when no literal occurs in them). Afterwards `self.misses`
-        says how many segments had to be checked afresh: many more than REPLAN_MISSES means the
-        anchors chosen from the input's start have become common, and the caller should plan()
-        again on a sample of this block."""
+    def candidates(self, block: bytes) -> list[Segment]:
+        """Segments of `block` that contain a literal, in order, without duplicates. Afterwards
+        `self.misses` says how many segments had to be checked afresh: many more than REPLAN_MISSES
+        means the anchors chosen from the input's start have become common, and the caller should
+        plan() again on a sample of this block; `self.newlines` is the number of newlines in the block
+        when the walk counted them (else None), and each segment the walk found has its `newlines`."""
+        self.newlines = None
         if not self._kept:
             return []
         self._ensure_planned()
         found: dict[int, Segment] = {}
         size = len(block)
         self.misses = 0
-        if self._table is not None:
-            mapped = block.translate(self._table)
-            if masked:
-                buffer = bytearray(mapped)
-                for start, end in masked:
-                    n = end - start
-                    buffer[start:end] = _ONES[:n] if n <= len(_ONES) else b"\1" * n
-                mapped = bytes(buffer)
-            find = mapped.find
+        drop = self._drop
+        # the anchor bytes of the block, in order: one bytes.translate that deletes every other byte
+        # (about half the cost of mapping every byte to a NUL-or-not copy of the block, and the result
+        # is small). The walk goes from anchor to anchor with memchr (bytes.find of one byte): the
+        # next anchor after a segment is the byte `sequence[k]`, k the anchors counted so far, and no
+        # anchor lies between the segment's end and that byte's next occurrence.
+        # The sequence keeps every newline as well (a small price: one byte a line): the newlines before
+        # an anchor are its index in the sequence less the anchors before it, so the walk numbers the
+        # lines of its segments and the block's line count is sequence.count(b"\n"); the engine then
+        # needs no pass of its own from candidate to candidate.
+        lines = self._count_lines
+        sequence = block.translate(None, self._drop_lines) if self.anchor_bytes else b""
+        if lines and self.anchor_bytes:
+            self.newlines = sequence.count(b"\n")
+        at = _NOT_NEWLINE.search(sequence) if lines else (0 if sequence else None)
+        if at is not None:
+            index = at if not lines else at.start()  # of the anchor at `pos`, in the sequence
             bfind, brfind = block.find, block.rfind
-            by_byte, drop = self._by_byte, self._drop
+            by_byte = self._by_byte
             verdicts = self._verdicts
             recent = self._recent
             misses = 0
-            pos = find(b"\0")
-            # inlined _segment: this loop runs once per anchor byte in the input
-            while pos != -1:
+            total = len(sequence)
+            seen = 0  # anchors before `pos`
+            search = _NOT_NEWLINE.search
+            pos = bfind(sequence[index])
+            # inlined _segment: this loop runs once per segment that holds an anchor byte
+            while True:
                 line_start = brfind(b"\n", 0, pos) + 1
                 cr = brfind(b"\r", line_start, pos)
                 start = cr + 1 if cr >= 0 else line_start
@@ -329,16 +342,14 @@ class Prefilter:
                 end = bfind(b"\r", pos, line_end)
                 if end < 0:
                     end = line_end
-                if start not in found:
-                    # one compiled alternation per case mode checks the whole segment (C speed);
-                    # walking its anchor bytes in Python cost more on long warning lines
-                    text = block[start:end]
-                    hit = verdicts.get(text)
-                    if hit is not None:  # a repeated line (warnings repeat verbatim): known
-                        if hit:
-                            found[start] = Segment(line_start, start, end, line_end)
-                        pos = find(b"\0", end) if end < size else -1
-                        continue
+                # no anchor lies in [start, pos): the walk came from the end of an earlier segment
+                text = block[start:end]
+                known = verdicts.get(text)
+                if known is not None:  # a repeated line (warnings repeat verbatim): known
+                    hit, count = known
+                else:
+                    anchors = text.translate(None, drop)
+                    count = len(anchors)
                     low = None
                     hit = False
                     # the literals that hit lately first (a log repeats its shapes: every eval
@@ -355,7 +366,7 @@ class Prefilter:
                             hit = True
                             break
                     else:
-                        for b in set(text.translate(None, drop)):
+                        for b in set(anchors):
                             for key in by_byte[b]:
                                 lit, ci = key
                                 if ci:
@@ -371,14 +382,30 @@ class Prefilter:
                                 recent.insert(0, key)
                                 del recent[RECENT_HITS:]
                                 break
-                    if hit:
-                        found[start] = Segment(line_start, start, end, line_end)
                     misses += 1
                     if len(text) <= VERDICT_MAX_BYTES:
                         if len(verdicts) >= VERDICT_CACHE_ENTRIES:
                             verdicts.clear()  # the log changed shape: remember the new lines
-                        verdicts[text] = hit
-                pos = find(b"\0", end) if end < size else -1
+                        verdicts[text] = (hit, count)
+                if lines:
+                    before = index - seen  # newlines before pos: none lies between line_start and pos
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end, before)
+                    seen += count
+                    # the segment holds no newline: the sequence's elements before `end` are the anchors
+                    # and the newlines before it; the next anchor is the first non-newline after those
+                    nxt = search(sequence, seen + before)
+                    if nxt is None:
+                        break
+                    index = nxt.start()
+                else:
+                    if hit:
+                        found[start] = Segment(line_start, start, end, line_end)
+                    seen += count
+                    if seen >= total:
+                        break
+                    index = seen
+                pos = bfind(sequence[index], end)
             self.misses = misses
         walks = [(block, lit) for lit in self._alone_cs]
         if self._alone_ci:
@@ -398,7 +425,8 @@ class Prefilter:
         low = text.lower()
         return any((d in low) if ci else (d in text) for d, ci in self._kept)
 
-_ONES = b"\1" * 4096
+
+_NOT_NEWLINE = re.compile(rb"[^\n]")
 
 
 def _segment_counts(sample: bytes, wanted: set[int]) -> dict[int, int]:

@@ -30,6 +30,7 @@ class RepeatTracker:
     one period earlier (O(1), nothing more kept). A non-finite loss ends the tracking (no repetition)."""
 
     STORE = 16384
+    GIVE_UP_EARLY = True  # (False only in the test that checks the early stop changes no result)
 
     def __init__(self) -> None:
         self.seq: list = []
@@ -55,6 +56,12 @@ class RepeatTracker:
             seq.append(x)
             self.border.append(k)
             self.n += 1
+            # a border grows by one a record at most, and a repeat needs border >= records / 2 (at the end, or
+            # at STORE): once records - border passes STORE / 2 no later record can give one (a run whose
+            # losses do not repeat stops here, after half the store, instead of filling it)
+            if self.GIVE_UP_EARLY and 2 * (self.n - k) > self.STORE:
+                self.broken = True
+                return
             if self.n == self.STORE:
                 period = self.n - k
                 self.period = period if k >= period else 0
