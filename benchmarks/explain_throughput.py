@@ -409,7 +409,10 @@ def main() -> int:
     if args.profile:
         prof = work / "explain.prof"
         print("\nprofiling (cProfile, cumulative time, top 30):")
-        subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "loradoctor", "explain", str(log),
+        # cli.main, not the console entry: the entry ends with os._exit, before cProfile writes its file
+        runner = work / "run_main.py"
+        runner.write_text("import sys\nfrom loradoctor.cli import main\nmain(sys.argv[1:])\n", encoding="utf-8")
+        subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), str(runner), "explain", str(log),
                         "--format", "json"], stdout=subprocess.DEVNULL, cwd=str(ROOT), env=env)
         import pstats
 

@@ -485,8 +485,13 @@ def test_retain_freed_memory_only_for_big_inputs(tmp_path, monkeypatch):
     monkeypatch.setattr(reader, "retain_freed_memory", lambda: calls.append(1) or True)
     log = tmp_path / "train.log"
     log.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 10)
     engine.explain([str(log)])
-    assert calls == []
+    assert calls == []  # explain as a library (the bedside callback in a training process): never
+    monkeypatch.setattr(reader, "PROCESS_IS_OURS", True)  # as cli/explain_cmd.py sets it
+    monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 64 << 20)
+    engine.explain([str(log)])
+    assert calls == []  # a small input: never
     monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 10)
     engine.explain([str(log)])
     assert calls == [1]

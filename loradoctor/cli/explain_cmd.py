@@ -96,6 +96,9 @@ def explain(paths: List[str], fmt: str = "text", verbose: bool = False, rules: L
     from loradoctor.render.output import write_report
 
     progress = make_progress(paths)
+    from loradoctor.logs import reader
+
+    reader.PROCESS_IS_OURS = True  # this process is the command's: big inputs may tune its allocator
     try:
         if timeline:
             from loradoctor.bedside.report import explain_with_timeline

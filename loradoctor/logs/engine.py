@@ -309,7 +309,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     Lines still pending for a rule at the end (DEFER_LINES) are searched when `resolve(rule,
     state)` says the rule can still fire (all of them when `resolve` is None); the others are
     dropped: such a rule has no match and cannot fire anyway."""
-    if sum(item.bytes for item in inputs) >= reader.RETAIN_FROM_BYTES:
+    if reader.PROCESS_IS_OURS and sum(item.bytes for item in inputs) >= reader.RETAIN_FROM_BYTES:
         reader.retain_freed_memory()  # a big log: its freed blocks are reused, not faulted in again
     plain = matcher = Matcher(rules)
     nocase: Optional[Matcher] = None  # built on the first lower-cased input

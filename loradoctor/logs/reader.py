@@ -340,6 +340,9 @@ PROBE_BYTES = 64 << 10  # how far past a block iter_blocks looks for the end of 
 # every free and maps it afresh (zeroed pages: ~40% of explain's system time on a 200 MB log). With the
 # thresholds above a block's size, the freed blocks are reused instead; peak RSS stays the same.
 RETAIN_FROM_BYTES = 64 << 20  # inputs this big (in all) set the thresholds; small ones never load ctypes
+# a process-wide setting: only the command line (cli/explain_cmd.py) says the process is its own; explain
+# called as a library (the bedside callback inside a training process) never changes the host's allocator
+PROCESS_IS_OURS = False
 _MALLOC_TUNED: list = []
 
 
