@@ -372,12 +372,36 @@ def test_a_single_wrapped_line_through_a_rule_message_is_a_wrap(tmp_path):
     assert report.findings[0].cause == "dist.nccl_timeout" and report.findings[0].evidence[0].line == 2
 
 
+ROCM_CUT = ("rocBLAS error: Cannot read /opt/rocm/lib/rocblas/library/TensileLibrary.dat: No ",
+            "such file or directory for GPU arch : gfx1031")
+
+
+@pytest.mark.parametrize("lines,cause", [
+    # the cut fell just after a space: the message is still cut in two
+    (ROCM_CUT, "env.arch_unsupported"),
+    # a lower-cased paste: the rules read the two lines with their case given back
+    (("valueerror: cannot use apply_chat_template because this processor does not have ",
+      "a chat template. (qwen2-vl-2b base, lora sft)"), "train.tokenizer_setup"),
+])
+def test_a_single_line_wrapped_after_a_space_through_a_rule_message_is_a_wrap(tmp_path, lines, cause):
+    from loradoctor.logs.engine import explain
+
+    assert len(lines[0]) == 80
+    log = tmp_path / "short.log"
+    log.write_text("$ python train_lora.py\n" + "\n".join(lines) + "\n")
+    report = explain([str(log)])
+    assert report.inputs[0]["wrap_width"] == 80
+    assert report.findings[0].cause == cause and report.findings[0].evidence[0].line == 2
+
+
 @pytest.mark.parametrize("pair", [
     # the message is whole on the second line: joining adds nothing a rule looks for
     ("x" * 80, "[Rank 2] To avoid data inconsistency, we are taking the entire process down."),
     # a cut next to a space is no cut through a word
     (NCCL_CUT[0][:79] + " ", NCCL_CUT[1]),
     ("a" * 80, " " + NCCL_CUT[1]),
+    # a line padded with spaces to the width is no cut (one space after text is)
+    (ROCM_CUT[0][:78] + "  ", ROCM_CUT[1]),
 ])
 def test_a_single_full_width_line_is_no_wrap_without_a_message_cut_in_two(pair):
     from loradoctor.logs.engine import Matcher

@@ -14,6 +14,7 @@ and exists for tests and small inputs.
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import os
 import re
@@ -585,7 +586,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     if crosses is not None and width in CONSOLE_WIDTHS and 0 < cut < needed and cut >= full / 2 \
             and full >= WRAP_MIN_SHARE * wide:
         # too few full-width lines to count: a cut through the middle of a rule's message tells
-        if any(not line[-1:].isspace() and crosses(line, nxt) for line, nxt in cut_lines.items()):
+        if any(crosses(line, nxt) for line, nxt in cut_lines.items()):
             return width
     return None
 
@@ -671,11 +672,15 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         block = straighten_quotes(unescape_html(block))
         if first:
             first = False
-            width = detect_wrap_width(block[:1 << 20], crosses)
-            item.wrap_width = width
             if recaser is not None and is_lowered(block[:1 << 20]):
                 item.lowered = True
                 case = recaser()
+            cross = crosses
+            if crosses is not None and case is not None:
+                # a lower-cased paste: the rules read the lines across a cut with their case given back
+                cross = functools.partial(_recased_crosses, crosses, case)
+            width = detect_wrap_width(block[:1 << 20], cross)
+            item.wrap_width = width
         if case is not None:
             # same length: only the case of letters changes. The input was judged by its first block; a
             # later block that holds upper-case letters (a long log whose first block was only metric dicts
@@ -692,6 +697,15 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             yield joined, joins
     if carry:
         yield carry, []
+
+
+def _recased_crosses(crosses: Callable[[str, str], bool], case: "Recaser", left: str, right: str) -> bool:
+    """crosses() of two lines of a lower-cased paste, recased joined (a word the cut split is recased
+    whole; recasing keeps the length, so the cut stays where it was)."""
+    joined = case.recase((left + right).encode("utf-8")).decode("utf-8", "replace")
+    if len(joined) != len(left) + len(right):
+        return crosses(left, right)
+    return crosses(joined[:len(left)], joined[len(left):])
 
 
 def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int]) -> Iterator[bytes]:
