@@ -447,3 +447,24 @@ def test_a_wrap_through_repeated_frame_paths_is_detected():
     wrapped = "".join(line[i:i + 80] + "\n" for line in text.splitlines() for i in range(0, max(len(line), 1), 80))
     assert reader.detect_wrap_width(wrapped.encode()) == 80
     assert reader.detect_wrap_width(text.encode()) is None
+
+
+def test_a_table_wider_than_the_console_is_rejoined_row_by_row():
+    """An 89-column nvidia-smi table in an 80-column console: each row is cut after a table edge it starts
+    with and ends on the next line (`| NVIDIA-SMI ... CUDA Version: 1` + `2.2     |`); rows that end with an
+    edge at the width (a table as wide as the console) are whole rows and stay as they are."""
+    from loradoctor.logs.reader import detect_wrap_width, join_wrapped
+
+    rows = ["+" + "-" * 87 + "+",
+            "| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |",
+            "|   0  NVIDIA L4                      Off | 00000000:00:03.0 Off |                    0 |",
+            "| N/A   52C    P0              28W /  72W |  22384MiB / 23034MiB |      0%      Default |",
+            "|    0   N/A  N/A      1402      C   /usr/bin/python3                          14502MiB |",
+            "+" + "-" * 87 + "+"]
+    assert {len(r) for r in rows} == {89}
+    folded = "OutOfMemoryError: CUDA out of memory.\n" + "".join(r[:80] + "\n" + r[80:] + "\n" for r in rows)
+    assert detect_wrap_width(folded.encode()) == 80
+    joined, joins, _ = join_wrapped(folded.encode(), 80)
+    assert joined.decode().splitlines()[1:] == rows and len(joins) == len(rows)
+    whole = "\n".join(r[:79] + "|" for r in rows) + "\n"  # a table exactly as wide as the console
+    assert detect_wrap_width(whole.encode()) is None

@@ -604,10 +604,15 @@ _TABLE_EDGES = "|│┃║+"
 
 def _wrappable(line: str) -> bool:
     """Lines that can be a hard wrap: not a progress bar (tqdm pads bars to the terminal width), not a
-    `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width)."""
+    `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width). A row
+    that starts with a table edge and ends without one is a row cut by the wrap (an 89-column nvidia-smi
+    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`)."""
     stripped = line.strip()
-    return bool(stripped) and "\r" not in line and "%|" not in line \
-        and stripped[-1] not in _TABLE_EDGES and stripped[0] not in _TABLE_EDGES
+    if not stripped or "\r" in line or "%|" in line:
+        return False
+    if stripped[0] in _TABLE_EDGES:  # a row: cut when its last character (padding included) is no edge
+        return line.rstrip("\r\n")[-1] not in _TABLE_EDGES
+    return stripped[-1] not in _TABLE_EDGES
 
 
 def _glued_after_bar(line: str) -> bool:
