@@ -942,9 +942,12 @@ _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts)
 # a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`, an
 # nvidia-smi table row `  18  |   3  NVIDIA A100 ... |`)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
-# `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
+# `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label. A version
+# (`  10  2.4.1+cpu`: two dots) or a CSV row (`   4  0, NVIDIA GeForce RTX 3090, 92, ...`: a number and a
+# comma) is no table cell: the line number before it is peeled
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
+                           r"(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
 # a line number before a notebook table row, once its header showed the paste is numbered (`  13  50  0.69`)
