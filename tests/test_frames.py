@@ -338,3 +338,30 @@ def test_every_phase_function_has_a_call_trigger():
     assert {frame_key(n) for n in names} == set().union(*(table.keys[p] for p in data["specific"]))
     missing = sorted(n for n in names if not any((n + "(").endswith(c) for c in calls))
     assert not missing, f"no call trigger for {missing}"
+
+
+def test_ipython_frame_headers_cut_take_the_arrow_lines_call():
+    """IPython 8 cut at 80 columns: `File /x/auto_facto` with context lines around the arrow line; the cut
+    frame is the function the arrow line of the frame above calls."""
+    lines = ["---------------------------------------------------------------------------",
+             "OutOfMemoryError                          Traceback (most recent call last)",
+             "Cell In[11], line 2",
+             "      1 # Reload model in FP16 and merge it with LoRA weights",
+             "----> 2 base_model = AutoModelForCausalLM.from_pretrained(",
+             "      3     model_name,",
+             "",
+             "File /usr/local/lib/python3.10/dist-packages/transformers/models/auto/auto_facto",
+             "    565     model_class = _get_model_class(config, cls._model_mapping)",
+             "--> 566     return model_class.from_pretrained(",
+             "    567         pretrained_model_name_or_path, *model_args, config=config, **hub",
+             "",
+             "File /usr/local/lib/python3.10/dist-packages/accelerate/utils/modeling.py:347, i",
+             "--> 347     new_value = value.to(device)",
+             "",
+             "OutOfMemoryError: CUDA out of memory. Tried to allocate 172.00 MiB. GPU 0 has a "]
+    assert collect(lines)["trace.location"] == "load"
+    from loradoctor.logs.facts.frames import cut_frame_head
+
+    # outside a traceback, or as prose, no IPython header: `File not found`, `File /x.py:3, in f(...)` is whole
+    assert cut_frame_head("File /x/modeling.py:347, i") is None and cut_frame_head("File not found", ipython=True) is None
+    assert cut_frame_head("File /x/y.py:3, in f(a)", ipython=True) is None

@@ -10,8 +10,9 @@ from typing import Any, Optional
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
-from loradoctor.logs.facts.frames import (ARROW_RE, Frame, called_function, cut_frame_head, location_from_frames,
-                                          parse_frames, rich_wrapped_frame, rich_wrapped_head, shows_bnb_4bit)
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, called_function, caller_source, cut_frame_head,
+                                          location_from_frames, parse_frames, rich_wrapped_frame, rich_wrapped_head,
+                                          shows_bnb_4bit)
 
 _EXC_RE = lazy_re(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
 
@@ -133,7 +134,7 @@ class TraceExtractor(Extractor):
             for frame in found:
                 self._add_frame(frame, line)
             return
-        cut = cut_frame_head(text)
+        cut = cut_frame_head(text, ipython=True)
         if cut is not None:
             # a frame header cut before its function (a paste cut at a terminal / title width)
             self._add_frame(cut, line)
@@ -189,7 +190,8 @@ class TraceExtractor(Extractor):
                 and self._sources[-1][0] == len(self._frames) - 1:
             # a header cut before its function: the frame above calls it on its source line
             # (`model = AutoModel.from_pretrained(` above a cut `File "/x/site-packages/transform`)
-            frame = frame._replace(function=called_function(self._sources[-1][1]))
+            above = [text for k, text in reversed(self._sources) if k == len(self._frames) - 1]
+            frame = frame._replace(function=called_function(caller_source(above[::-1])))
         if len(self._frames) < 200:
             self._frames.append(frame)
 
