@@ -468,3 +468,18 @@ def test_a_table_wider_than_the_console_is_rejoined_row_by_row():
     assert joined.decode().splitlines()[1:] == rows and len(joins) == len(rows)
     whole = "\n".join(r[:79] + "|" for r in rows) + "\n"  # a table exactly as wide as the console
     assert detect_wrap_width(whole.encode()) is None
+
+
+def test_a_bar_cut_inside_its_stats_bracket_is_a_wrap():
+    """A Lightning bar with a long postfix in an 80-column console: the wrap cuts it inside `[... train_loss=`
+    and `0.000]` starts the next line; a bar padded to the width (its bracket closed) stays a bar."""
+    from loradoctor.logs.reader import detect_wrap_width, join_wrapped
+
+    bars = [f"Epoch 0:   {k}%|          | {10 * k}/1000 [00:0{k}<03:58,  5.00it/s, v_num=3, train_loss=0.000]"
+            for k in range(1, 7)]
+    assert {len(b) for b in bars} == {85}
+    folded = "".join(b[:80] + "\n" + b[80:] + "\n" for b in bars)
+    assert detect_wrap_width(folded.encode()) == 80
+    assert join_wrapped(folded.encode(), 80)[0].decode().splitlines() == bars
+    padded = "".join(b[:74].ljust(79) + "]\n" + "next\n" for b in bars)
+    assert detect_wrap_width(padded.encode()) is None

@@ -608,8 +608,13 @@ def _wrappable(line: str) -> bool:
     that starts with a table edge and ends without one is a row cut by the wrap (an 89-column nvidia-smi
     table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`)."""
     stripped = line.strip()
-    if not stripped or "\r" in line or "%|" in line:
+    if not stripped or "\r" in line:
         return False
+    if "%|" in line:
+        # a bar is padded to the width, not wrapped, unless the wrap cut it inside its `[00:02<03:58, 5.00it/s,
+        # train_loss=` bracket (a bar with a long postfix in a narrower console)
+        bar = line[line.find("%|"):]
+        return bar.rfind("[") > bar.rfind("]") and not line[-1:].isspace()
     if stripped[0] in _TABLE_EDGES:  # a row: cut when its last character (padding included) is no edge
         return line.rstrip("\r\n")[-1] not in _TABLE_EDGES
     return stripped[-1] not in _TABLE_EDGES
