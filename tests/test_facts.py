@@ -755,6 +755,28 @@ def test_string_valued_dicts_in_the_bulk_path():
     assert f["metrics.first_loss"] == 2.5 and f["metrics.grad_norm_nan_count"] == 1 and f["metrics.lr_max"] == 1e-4
 
 
+def test_metric_dict_cut_at_the_line_end_is_read_to_its_last_whole_pair():
+    """A paste cut at a terminal or title width (issue 10) ends a Trainer dict mid-pair: the whole pairs
+    before the cut count, the pair the cut ran into does not (a `'loss': 0.0` cut from `0.0213` is no
+    zero loss), and a dict cut inside its loss value is no record."""
+    from loradoctor.logs.facts import METRIC_DICT_RE
+
+    cut = [b"{'loss': 0.6931, 'learning_rate': 4.9e-07, 'rewards/chosen': 0.0, 'rewards/rejec",
+           b"{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.99",
+           b"{'loss': 1.6914, 'grad_norm': 2.118e-05, 'learning_rate': 9.92e-06, 'epoch': 0.0"]
+    assert METRIC_DICT_RE.findall(b"\n".join(cut) + b"\r\n") == [
+        (b"0.6931", b"", b"4.9e-07", b", 'rewards/chosen': 0.0", b""),
+        (b"0.0", b"nan", b"", b"", b""),
+        (b"1.6914", b"2.118e-05", b"9.92e-06", b"", b"")]
+    # the loss itself cut (no `,` after it), or a line that only starts like a dict: nothing
+    assert METRIC_DICT_RE.findall(b"{'loss': 0.0\n{'loss': 0.02\n") == []
+    texts = [t.decode() for t in cut]
+    c = FactCollector(block_metrics=True)
+    c.feed_metric_batch(METRIC_DICT_RE.findall("\n".join(texts).encode()), lambda k: line(texts[k], k + 1))
+    f = c.finish().flat()
+    assert f["metrics.steps"] == 3 and f["metrics.first_loss"] == 0.6931 and f["metrics.grad_norm_nan_count"] == 1
+
+
 def feed_blocks(blocks):
     """Notebook tables through the block path, as the engine feeds them (line numbers per block)."""
     c = FactCollector(block_metrics=True)

@@ -255,3 +255,113 @@ def test_short_or_unknown_names_are_not_read_as_cut(name):
     """Under 8 characters (`_load`, `save_m`) a cut name could begin anything; a name longer than every
     table name (`evaluate_model_on_the_side`) is no cut one."""
     assert location_from_frames([("train.py", "main"), ("train.py", name)]) is None
+
+
+# --- frame headers cut before their function (issue 10: pastes cut at a terminal / title width) ----------
+
+CUT_TRACE = ["Traceback (most recent call last):",
+             '  File "/home/u/llm-ft/falcon/main.py", line 83, in my_app',
+             "    model = AutoModelForCausalLM.from_pretrained(config['model_name'], load_in_4",
+             '  File "/home/ubuntu/anaconda3/envs/ft-llm/lib/python3.9/site-packages/transform',
+             "    return model_class.from_pretrained(",
+             '  File "/home/ubuntu/anaconda3/envs/ft-llm/lib/python3.9/site-packages/transform',
+             "    new_value = value.clone()",
+             '  File "/home/ubuntu/anaconda3/envs/ft-llm/lib/python3.9/site-packages/torch/ut',
+             "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.27 GiB. GPU"]
+
+
+@pytest.mark.parametrize("text,frame", [
+    ('File "/home/u/envs/ft/lib/python3.9/site-packages/transform', Frame("/home/u/envs/ft/lib/python3.9/site-packages/transform", 0, "", "cut")),
+    ('File "/root/merge_lora_and_quantize.py", line', Frame("/root/merge_lora_and_quantize.py", 0, "", "cut")),
+    ('File "/x/train_utils.py", li', Frame("/x/train_utils.py", 0, "", "cut")),
+])
+def test_a_frame_header_cut_before_its_function(text, frame):
+    from loradoctor.logs.facts.frames import cut_frame_head
+
+    assert parse_frames(text) == [] and cut_frame_head(text) == frame
+    # cut after its line number, the header is a frame without function (which its caller's call fills in)
+    assert parse_frames('File "/x/train_utils.py", line 23') == [Frame("/x/train_utils.py", 23, "", "cpython")]
+
+
+@pytest.mark.parametrize("text", ['File "config.json" not found', 'File "/x/train.py", line 3, in main',
+                                  'File "/x/train.py", lxne', "Filed under /x/y"])
+def test_other_lines_are_no_cut_frame_headers(text):
+    from loradoctor.logs.facts.frames import cut_frame_head
+
+    assert cut_frame_head(text) is None
+
+
+@pytest.mark.parametrize("source,called", [
+    ("model = AutoModelForCausalLM.from_pretrained(config['model_name'], load_in_4", "from_pretrained"),
+    (") = cls._load_pretrained_model(", "_load_pretrained_model"),
+    ("new_error_msgs, offload_index, state_dict_index = _load_state_dict_into_meta", "_load_state_dict_into_meta"),
+    ("return model_class.from_pretrained(", "from_pretrained"),
+    ("state_dict[fqn] = state_dict[fqn].clone().detach()", ""),
+    ("x == y(3)", ""), ("a" * 5000 + "(", ""),
+])
+def test_the_function_a_source_line_calls(source, called):
+    from loradoctor.logs.facts.frames import called_function
+
+    assert called_function(source) == called
+
+
+def test_a_cut_frame_is_the_function_its_caller_calls():
+    """The frames under `model = AutoModel.from_pretrained(` were cut inside their path: the first of them is
+    from_pretrained, so the OOM happened while loading."""
+    facts = collect(CUT_TRACE)
+    assert facts["trace.location"] == "load" and facts["oom.phase"] == "load"
+    # the same traceback with the calls taken out of the source lines places nothing
+    plain = [line.replace("from_pretrained", "setup") for line in CUT_TRACE]
+    assert "trace.location" not in collect(plain)
+
+
+def test_a_traceback_header_cut_short_opens_the_traceback():
+    """`... 24.81s/it][rank3]: Traceback (most recent ca`: the header glued to a bar and cut."""
+    cut = [" 62%|######    | 8/13 [03:11<02:04, 24.81s/it]Traceback (most recent ca"] + CUT_TRACE[1:]
+    assert collect(cut)["trace.location"] == "load"
+    from loradoctor.logs.facts.trace import _cut_header
+
+    assert _cut_header("Traceback (m") and not _cut_header("Traceback (mx") and not _cut_header("no Traceback here")
+
+
+def test_every_phase_function_has_a_call_trigger():
+    """A source line calling a function of a specific phase reaches the trace extractor (the engine feeds
+    it only lines holding a trigger): one literal `name(`, or a shorter one the call ends with."""
+    from loradoctor.logs.facts.trace import TraceExtractor
+
+    table = frame_table()
+    calls = [t for t, _ in TraceExtractor.TRIGGERS if t.endswith("(") and not t.startswith(".")]
+    import yaml
+
+    data = yaml.safe_load(Path("loradoctor/data/frames.yaml").read_text(encoding="utf-8"))
+    names = {n for phase in data["specific"] for n in data["phases"][phase]["functions"]}
+    assert {frame_key(n) for n in names} == set().union(*(table.keys[p] for p in data["specific"]))
+    missing = sorted(n for n in names if not any((n + "(").endswith(c) for c in calls))
+    assert not missing, f"no call trigger for {missing}"
+
+
+def test_ipython_frame_headers_cut_take_the_arrow_lines_call():
+    """IPython 8 cut at 80 columns: `File /x/auto_facto` with context lines around the arrow line; the cut
+    frame is the function the arrow line of the frame above calls."""
+    lines = ["---------------------------------------------------------------------------",
+             "OutOfMemoryError                          Traceback (most recent call last)",
+             "Cell In[11], line 2",
+             "      1 # Reload model in FP16 and merge it with LoRA weights",
+             "----> 2 base_model = AutoModelForCausalLM.from_pretrained(",
+             "      3     model_name,",
+             "",
+             "File /usr/local/lib/python3.10/dist-packages/transformers/models/auto/auto_facto",
+             "    565     model_class = _get_model_class(config, cls._model_mapping)",
+             "--> 566     return model_class.from_pretrained(",
+             "    567         pretrained_model_name_or_path, *model_args, config=config, **hub",
+             "",
+             "File /usr/local/lib/python3.10/dist-packages/accelerate/utils/modeling.py:347, i",
+             "--> 347     new_value = value.to(device)",
+             "",
+             "OutOfMemoryError: CUDA out of memory. Tried to allocate 172.00 MiB. GPU 0 has a "]
+    assert collect(lines)["trace.location"] == "load"
+    from loradoctor.logs.facts.frames import cut_frame_head
+
+    # outside a traceback, or as prose, no IPython header: `File not found`, `File /x.py:3, in f(...)` is whole
+    assert cut_frame_head("File /x/modeling.py:347, i") is None and cut_frame_head("File not found", ipython=True) is None
+    assert cut_frame_head("File /x/y.py:3, in f(a)", ipython=True) is None

@@ -109,9 +109,13 @@ def test_a_title_is_recased_only_when_it_names_an_error():
     ("  7 | torch.OutOfMemoryError: CUDA out of memory.", "torch.OutOfMemoryError: CUDA out of memory."),
     ("In [7]: trainer.train()", "trainer.train()"),
     (">>> import torch", "import torch"),
+    # a version or a CSV row after the number is no table cell
+    ("  10  2.4.1+cpu", "2.4.1+cpu"),
+    ("   4  0, NVIDIA GeForce RTX 3090, 92, 176.10 W, 885 MHz, Active, Active", "0, NVIDIA GeForce RTX 3090, 92, 176.10 W, 885 MHz, Active, Active"),
     # kept: a notebook table row, srun's rank label (peeled as a rank), a progress bar
     ("50  No log  0.693147", "50  No log  0.693147"),
     ("50\t0.693100", "50\t0.693100"),
+    ("20  0.5  1.25", "20  0.5  1.25"),
     ("3: RuntimeError: x", "RuntimeError: x"),
 ])
 def test_line_numbers_and_prompts_are_peeled(raw, text):

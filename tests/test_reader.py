@@ -388,12 +388,36 @@ def test_a_single_wrapped_line_through_a_rule_message_is_a_wrap(tmp_path):
     assert report.findings[0].cause == "dist.nccl_timeout" and report.findings[0].evidence[0].line == 2
 
 
+ROCM_CUT = ("rocBLAS error: Cannot read /opt/rocm/lib/rocblas/library/TensileLibrary.dat: No ",
+            "such file or directory for GPU arch : gfx1031")
+
+
+@pytest.mark.parametrize("lines,cause", [
+    # the cut fell just after a space: the message is still cut in two
+    (ROCM_CUT, "env.arch_unsupported"),
+    # a lower-cased paste: the rules read the two lines with their case given back
+    (("valueerror: cannot use apply_chat_template because this processor does not have ",
+      "a chat template. (qwen2-vl-2b base, lora sft)"), "train.tokenizer_setup"),
+])
+def test_a_single_line_wrapped_after_a_space_through_a_rule_message_is_a_wrap(tmp_path, lines, cause):
+    from loradoctor.logs.engine import explain
+
+    assert len(lines[0]) == 80
+    log = tmp_path / "short.log"
+    log.write_text("$ python train_lora.py\n" + "\n".join(lines) + "\n")
+    report = explain([str(log)])
+    assert report.inputs[0]["wrap_width"] == 80
+    assert report.findings[0].cause == cause and report.findings[0].evidence[0].line == 2
+
+
 @pytest.mark.parametrize("pair", [
     # the message is whole on the second line: joining adds nothing a rule looks for
     ("x" * 80, "[Rank 2] To avoid data inconsistency, we are taking the entire process down."),
     # a cut next to a space is no cut through a word
     (NCCL_CUT[0][:79] + " ", NCCL_CUT[1]),
     ("a" * 80, " " + NCCL_CUT[1]),
+    # a line padded with spaces to the width is no cut (one space after text is)
+    (ROCM_CUT[0][:78] + "  ", ROCM_CUT[1]),
 ])
 def test_a_single_full_width_line_is_no_wrap_without_a_message_cut_in_two(pair):
     from loradoctor.logs.engine import Matcher
@@ -500,3 +524,39 @@ def test_retain_freed_memory_only_for_big_inputs(tmp_path, monkeypatch):
     assert reader.retain_freed_memory() is first
     if sys.platform.startswith("linux") and "glibc" in " ".join(__import__("platform").libc_ver()):
         assert first is True
+
+
+def test_a_table_wider_than_the_console_is_rejoined_row_by_row():
+    """An 89-column nvidia-smi table in an 80-column console: each row is cut after a table edge it starts
+    with and ends on the next line (`| NVIDIA-SMI ... CUDA Version: 1` + `2.2     |`); rows that end with an
+    edge at the width (a table as wide as the console) are whole rows and stay as they are."""
+    from loradoctor.logs.reader import detect_wrap_width, join_wrapped
+
+    rows = ["+" + "-" * 87 + "+",
+            "| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |",
+            "|   0  NVIDIA L4                      Off | 00000000:00:03.0 Off |                    0 |",
+            "| N/A   52C    P0              28W /  72W |  22384MiB / 23034MiB |      0%      Default |",
+            "|    0   N/A  N/A      1402      C   /usr/bin/python3                          14502MiB |",
+            "+" + "-" * 87 + "+"]
+    assert {len(r) for r in rows} == {89}
+    folded = "OutOfMemoryError: CUDA out of memory.\n" + "".join(r[:80] + "\n" + r[80:] + "\n" for r in rows)
+    assert detect_wrap_width(folded.encode()) == 80
+    joined, joins, _ = join_wrapped(folded.encode(), 80)
+    assert joined.decode().splitlines()[1:] == rows and len(joins) == len(rows)
+    whole = "\n".join(r[:79] + "|" for r in rows) + "\n"  # a table exactly as wide as the console
+    assert detect_wrap_width(whole.encode()) is None
+
+
+def test_a_bar_cut_inside_its_stats_bracket_is_a_wrap():
+    """A Lightning bar with a long postfix in an 80-column console: the wrap cuts it inside `[... train_loss=`
+    and `0.000]` starts the next line; a bar padded to the width (its bracket closed) stays a bar."""
+    from loradoctor.logs.reader import detect_wrap_width, join_wrapped
+
+    bars = [f"Epoch 0:   {k}%|          | {10 * k}/1000 [00:0{k}<03:58,  5.00it/s, v_num=3, train_loss=0.000]"
+            for k in range(1, 7)]
+    assert {len(b) for b in bars} == {85}
+    folded = "".join(b[:80] + "\n" + b[80:] + "\n" for b in bars)
+    assert detect_wrap_width(folded.encode()) == 80
+    assert join_wrapped(folded.encode(), 80)[0].decode().splitlines() == bars
+    padded = "".join(b[:74].ljust(79) + "]\n" + "next\n" for b in bars)
+    assert detect_wrap_width(padded.encode()) is None

@@ -246,10 +246,12 @@ class Matcher:
 
     def crosses(self, left: str, right: str) -> bool:
         """True when a rule's pattern matches the lines `left` + `right` joined across the cut and neither
-        line alone, with no space on either side of the cut: a line hard-wrapped through a rule's message
-        (`... To avoid da` + `ta inconsistency, we are taking ...`). Asked by reader.detect_wrap_width
-        about the one or two full-width lines of a short paste; `right` is looked at up to CROSS_CHARS."""
-        if not left or not right or left[-1].isspace() or right[0].isspace():
+        line alone: a line hard-wrapped through a rule's message (`... To avoid da` + `ta inconsistency, we
+        are taking ...`, or a cut that fell just after a space: `... TensileLibrary.dat: No ` + `such file
+        ...`). `right` starts with text; `left` ends with text or one space after it (more is padding).
+        Asked by reader.detect_wrap_width about the one or two full-width lines of a short paste; `right`
+        is looked at up to CROSS_CHARS."""
+        if not left or not right or right[0].isspace() or left[-1:].isspace() and left[-2:-1].isspace():
             return False
         right = right[:CROSS_CHARS]
         joined = left + right

@@ -14,6 +14,7 @@ and exists for tests and small inputs.
 from __future__ import annotations
 
 import codecs
+import functools
 import io
 import os
 import re
@@ -657,7 +658,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     if crosses is not None and width in CONSOLE_WIDTHS and 0 < cut < needed and cut >= full / 2 \
             and full >= WRAP_MIN_SHARE * wide:
         # too few full-width lines to count: a cut through the middle of a rule's message tells
-        if any(not line[-1:].isspace() and crosses(line, nxt) for line, nxt in cut_lines.items()):
+        if any(crosses(line, nxt) for line, nxt in cut_lines.items()):
             return width
     return None
 
@@ -766,10 +767,20 @@ _TABLE_EDGES = "|│┃║+"
 
 def _wrappable(line: str) -> bool:
     """Lines that can be a hard wrap: not a progress bar (tqdm pads bars to the terminal width), not a
-    `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width)."""
+    `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width). A row
+    that starts with a table edge and ends without one is a row cut by the wrap (an 89-column nvidia-smi
+    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`)."""
     stripped = line.strip()
-    return bool(stripped) and "\r" not in line and "%|" not in line \
-        and stripped[-1] not in _TABLE_EDGES and stripped[0] not in _TABLE_EDGES
+    if not stripped or "\r" in line:
+        return False
+    if "%|" in line:
+        # a bar is padded to the width, not wrapped, unless the wrap cut it inside its `[00:02<03:58, 5.00it/s,
+        # train_loss=` bracket (a bar with a long postfix in a narrower console)
+        bar = line[line.find("%|"):]
+        return bar.rfind("[") > bar.rfind("]") and not line[-1:].isspace()
+    if stripped[0] in _TABLE_EDGES:  # a row: cut when its last character (padding included) is no edge
+        return line.rstrip("\r\n")[-1] not in _TABLE_EDGES
+    return stripped[-1] not in _TABLE_EDGES
 
 
 def _glued_after_bar(line: str) -> bool:
@@ -835,13 +846,17 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         block = unquote_spaces(straighten_quotes(unescape_html(block)))
         if first:
             first = False
-            width = detect_wrap_width(block[:1 << 20], crosses)
-            item.wrap_width = width
             if recaser is not None and is_lowered(block[:1 << 20]):
                 item.lowered = True
                 case = recaser()
             elif recaser is not None:
                 block = recase_title(block, recaser)
+            cross = crosses
+            if crosses is not None and case is not None:
+                # a lower-cased paste: the rules read the lines across a cut with their case given back
+                cross = functools.partial(_recased_crosses, crosses, case)
+            width = detect_wrap_width(block[:1 << 20], cross)
+            item.wrap_width = width
         if case is not None:
             # same length: only the case of letters changes. The input was judged by its first block; a
             # later block that holds upper-case letters (a long log whose first block was only metric dicts
@@ -858,6 +873,15 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             yield joined, joins
     if carry:
         yield carry, []
+
+
+def _recased_crosses(crosses: Callable[[str, str], bool], case: "Recaser", left: str, right: str) -> bool:
+    """crosses() of two lines of a lower-cased paste, recased joined (a word the cut split is recased
+    whole; recasing keeps the length, so the cut stays where it was)."""
+    joined = case.recase((left + right).encode("utf-8")).decode("utf-8", "replace")
+    if len(joined) != len(left) + len(right):
+        return crosses(left, right)
+    return crosses(joined[:len(left)], joined[len(left):])
 
 
 def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int]) -> Iterator[bytes]:
@@ -1089,9 +1113,12 @@ _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts)
 # a paste with line numbers (a gist, a numbered code view: `  12  Traceback ...`, `12\t...`, `12 | ...`, an
 # nvidia-smi table row `  18  |   3  NVIDIA A100 ... |`)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
-# `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label
+# `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label. A version
+# (`  10  2.4.1+cpu`: two dots) or a CSV row (`   4  0, NVIDIA GeForce RTX 3090, 92, ...`: a number and a
+# comma) is no table cell: the line number before it is peeled
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-])(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
+                           r"(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
 # a line number before a notebook table row, once its header showed the paste is numbered (`  13  50  0.69`)

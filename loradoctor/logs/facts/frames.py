@@ -85,6 +85,57 @@ def parse_frames(text: str) -> list[Frame]:
     return []
 
 
+# A `File "path", line N, in func` header cut at a terminal / title width before its function: inside the
+# path, after it, or after the line number (what parse_frames leaves unread, or reads with no function)
+_CUT_HEAD_RE = lazy_re(r"^File [" + _Q + r"]([^" + _Q + r"]*)(?:[" + _Q + r"](?:,(?: (?:l|li|lin|line(?: (\d+),?)?)?)?)?)?$", re.I)
+# the function a source line calls: `model = AutoModel.from_pretrained(...`, `return _load(f,`,
+# `) = cls._load_pretrained_model(`; a name the cut ends (`... = _load_state_dict_into_meta`) counts too
+_CALL_RE = lazy_re(r"^(?:return\s|await\s|yield\s|\)\s*=\s*|[\w.,\s\[\]]*=\s*)?\s*(?:\w+\.)*(\w+)(?:\s*\(|$)")
+_CALL_SOURCE_MAX = 240  # longer source lines are not read for a call (the name regex then stays linear enough)
+# IPython's header cut the same way: `File /x/auto_factory.py`, `File /x/modeling_utils.py:3706`, `...:786, i`
+_CUT_IPYTHON_HEAD_RE = lazy_re(r"^File (?![" + _Q + r"])(\S[^\n]*?[/\\][^\n]*?)(?::(\d+)(?:,(?: i?)?)?)?$", re.I)
+# IPython's source lines: `----> 2 base_model = ...`, `--> 566     return ...` (the call), `    567  ...`
+_IPYTHON_SOURCE_RE = lazy_re(r"^(-*>)?\s*\d+ ")
+
+
+def cut_frame_head(text: str, ipython: bool = False) -> Optional[Frame]:
+    """A cpython frame header that a paste cut before its function (`File "/x/site-packages/transform`,
+    `File "/x/train.py", line`), as a Frame with no function (dialect `cut`); with `ipython` (inside a
+    traceback already), IPython's too (`File /x/modeling_utils.py:3706`). None for any other line."""
+    if not text.startswith(("File ", "file ", "FILE ")):
+        return None
+    m = _CUT_HEAD_RE.match(text)
+    if m is None and ipython and " in " not in text:
+        m = _CUT_IPYTHON_HEAD_RE.match(text)
+    if m is None:
+        return None
+    return Frame(m.group(1), int(m.group(2) or 0), "", "cut")
+
+
+def called_function(source: str) -> str:
+    """The function a traceback source line calls (`model = AutoModel.from_pretrained(` -> `from_pretrained`,
+    IPython's `--> 566     return model_class.from_pretrained(` too), or "": in a traceback the call on a
+    frame's source line is the frame below it."""
+    if len(source) > _CALL_SOURCE_MAX:
+        return ""
+    source = source.strip()
+    numbered = _IPYTHON_SOURCE_RE.match(source)
+    if numbered:
+        source = source[numbered.end():].strip()
+    m = _CALL_RE.match(source)
+    return m.group(1) if m else ""
+
+
+def caller_source(sources: Sequence[str]) -> str:
+    """Of the source lines under one frame, the one that calls the frame below: IPython's arrow line when
+    it shows context lines around it (`--> 566 ...`), else the last."""
+    for text in reversed(sources):
+        m = _IPYTHON_SOURCE_RE.match(text.strip())
+        if m and m.group(1):
+            return text
+    return sources[-1] if sources else ""
+
+
 def rich_wrapped_head(text: str) -> Optional[tuple[str, int, int]]:
     """The first box line of a wrapped rich frame: (path, line or 0, which tail form completes it)."""
     if ".py" not in text and ".PY" not in text:

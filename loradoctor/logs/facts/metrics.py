@@ -26,8 +26,12 @@ _METRIC_RE = lazy_re(
 # The Trainer's dicts are flat: the rest stops at a `{`, so a start that is no dict (a line of
 # `{'loss': 1, ` repeated without a closing brace) is given up at the next start, not 4,000
 # characters later (quadratic in effect: 960 KB took 17 s).
+# A dict cut at the line's end (a paste cut at a terminal or title width, issue 10) is read up to its
+# last whole pair: the pair the cut ran into is dropped, value and all (`'loss': 0.0` cut from `0.0213`
+# must not read as a zero loss), so a loss counts only when a `,` follows it.
 _PY_METRIC_DICT = (rb"\{'loss': ([^,}\r\n]{1,40})(?:, 'grad_norm': ([^,}\r\n]{1,40}))?"
-                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^{}\r\n]{0,4000})\}")
+                   rb"(?:, 'learning_rate': ([^,}\r\n]{1,40}))?([^{}\r\n]{0,4000})"
+                   rb"(?:\}|, '[^{},\r\n]*(?=[\r\n]|\Z))")
 PY_METRIC_DICT_RE = lazy_re(_PY_METRIC_DICT)  # one line, never a newline inside
 METRIC_DICT_RE = lazy_re(_PY_METRIC_DICT + rb"|\{([^{}]{0,1500}?\"loss\":[^{}]{0,1500})\}")
 # values bare or quoted (`"loss": "1.85"`); a quoted number must end where its string ends

@@ -10,8 +10,9 @@ from typing import Any, Optional
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
-from loradoctor.logs.facts.frames import (ARROW_RE, Frame, location_from_frames, parse_frames, rich_wrapped_frame,
-                                          rich_wrapped_head, shows_bnb_4bit)
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, called_function, caller_source, cut_frame_head,
+                                          location_from_frames, parse_frames, rich_wrapped_frame, rich_wrapped_head,
+                                          shows_bnb_4bit)
 
 _EXC_RE = lazy_re(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Warning))(?::\s?(.*))?$")
 
@@ -19,6 +20,18 @@ __all__ = ["TraceExtractor", "location_from_frames", "Frame", "parse_frames"]
 
 
 _HEADERLESS_GAP = 60  # lines after the last frame of a traceback without header that still belong to it
+
+
+_HEADER = "traceback (most recent call last):"
+
+
+def _cut_header(text: str) -> bool:
+    """A line that ends in the traceback header cut short (`... [rank3]: Traceback (most recent ca`:
+    a paste cut at a terminal / title width)."""
+    at = text.rfind("raceback (m")
+    if at < 0:
+        at = text.rfind("RACEBACK (M")
+    return at >= 1 and _HEADER.startswith(text[at - 1:].rstrip().lower())
 
 
 class TraceExtractor(Extractor):
@@ -33,6 +46,26 @@ class TraceExtractor(Extractor):
         ("Cell In", True), ("Input In", True), ("ipython-input", False),
         # source lines under traceback frames that hint at loading (`model = model.to(self.device)`)
         (".to(", False), (".cuda(", False),
+        # source lines that call a function of a phase (loradoctor/data/frames.yaml `specific`): the frame
+        # under such a line, when a paste cut its header before the function, is the function called
+        # (`model = AutoModel.from_pretrained(` above `File "/x/site-packages/transform`); one literal per
+        # name, a shorter one standing for the names it ends (`save(` for `_save(`, `async_save(`)
+        *((call, False) for call in (
+            "from_pretrained(", "_load_pretrained_model(", "_load_state_dict_into_meta_model(", "load_state_dict(",
+            "_load_from_state_dict(", "dispatch_model(", "load_checkpoint_and_dispatch(", "load_checkpoint_in_model(",
+            "load_model(", "create_quantized_param(", "_process_model_before_weight_loading(",
+            "replace_with_bnb_linear(", "quantize_4bit(", "_quantize(", "load_and_quantize_model(",
+            "merge_and_unload(", "_unload_and_optionally_merge(", "merge_adapter(", "add_weighted_adapter(",
+            "merge_lora_weights(", "_merge_lora(",
+            "save(", "save_model(", "_save_checkpoint(", "save_pretrained(", "save_state(", "save_checkpoint(",
+            "save_16bit_model(", "_zero3_consolidated_16bit_state_dict(", "_save_zero_checkpoint(",
+            "consolidate_state_dict(", "save_fsdp_model(", "save_fsdp_optimizer(", "get_state_dict(",
+            "_full_post_state_dict_hook(", "full_optim_state_dict(", "_optim_state_dict_impl(",
+            "get_model_state_dict(", "get_optimizer_state_dict(", "save_state_dict(", "dump_checkpoint(",
+            "evaluate(", "evaluation_loop(", "prediction_step(", "predict(", "prediction_loop(", "nested_concat(",
+            "_nested_gather(", "gather_for_metrics(", "eval_step(", "_evaluation_step(", "_run_sanity_check(",
+            "validate(", "log_validation(", "sample_images(", "sample_image_inference(", "validation_step(",
+            "generate(", "sample(", "greedy_search(", "beam_search(", "_assisted_decoding(", "_contrastive_search(")),
         # rich traceback box lines (a frame wrapped onto two of them)
         ("│", False),
     )
@@ -56,7 +89,7 @@ class TraceExtractor(Extractor):
     def feed(self, line: Any) -> bool:
         text = line.text
         if self._in_trace or "raceback" in text or "RACEBACK" in text or _EXC_RE.match(text) \
-                or parse_frames(text):
+                or parse_frames(text) or cut_frame_head(text):
             self._trace(line)
             return True
         return False
@@ -74,7 +107,7 @@ class TraceExtractor(Extractor):
 
     def _trace(self, line: Any) -> None:
         text = line.text
-        if "ost recent call last" in text or "OST RECENT CALL LAST" in text:
+        if "ost recent call last" in text or "OST RECENT CALL LAST" in text or _cut_header(text):
             self._open_trace(line, headerless=False)
             for frame in parse_frames(text):  # a markdown render joins the traceback into one line
                 self._add_frame(frame, line)
@@ -82,7 +115,7 @@ class TraceExtractor(Extractor):
         if not self._in_trace:
             # `[rank2]: File "...", line 4214, in _load_pretrained_model` tails pasted without header, and
             # the rich / IPython dialects pasted from their middle (no box top, no `Traceback` banner)
-            if parse_frames(text):
+            if parse_frames(text) or cut_frame_head(text):
                 self._open_trace(line, headerless=True)
             else:
                 return
@@ -101,6 +134,11 @@ class TraceExtractor(Extractor):
         if found:
             for frame in found:
                 self._add_frame(frame, line)
+            return
+        cut = cut_frame_head(text, ipython=True)
+        if cut is not None:
+            # a frame header cut before its function (a paste cut at a terminal / title width)
+            self._add_frame(cut, line)
             return
         head = rich_wrapped_head(text)
         if head is not None:
@@ -149,6 +187,12 @@ class TraceExtractor(Extractor):
 
     def _add_frame(self, frame: Frame, line: Any) -> None:
         self._last_frame_lineno = line.lineno
+        if not frame.function and frame.dialect in ("cpython", "cut") and self._frames and self._sources \
+                and self._sources[-1][0] == len(self._frames) - 1:
+            # a header cut before its function: the frame above calls it on its source line
+            # (`model = AutoModel.from_pretrained(` above a cut `File "/x/site-packages/transform`)
+            above = [text for k, text in reversed(self._sources) if k == len(self._frames) - 1]
+            frame = frame._replace(function=called_function(caller_source(above[::-1])))
         if len(self._frames) < 200:
             self._frames.append(frame)
 
