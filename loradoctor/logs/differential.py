@@ -27,10 +27,11 @@ MAX_ALTERNATIVES = 2  # the second and third candidates
 TABLE = Path(__file__).resolve().parent.parent / "data" / "differential.yaml"
 
 # a line that says a run failed: an exception line (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`,
-# lower-cased too), a launcher / kernel / shell failure, or torch's dispatch refusal pasted without its
-# exception class (`"addmm_impl_cpu_" not implemented for 'Half'`, an issue title); a warning that quotes an
-# error is none
-_FAILURE_RE = lazy_re(r"^(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^Traceback \(most recent|"
+# lower-cased too, also behind torchrun's `[rank1]: ` prefix), a launcher / kernel / shell failure, or torch's
+# dispatch refusal pasted without its exception class (`"addmm_impl_cpu_" not implemented for 'Half'`, an
+# issue title); a warning that quotes an error is none
+_RANK = r"(?:\[rank\d+\]:\s*)?"
+_FAILURE_RE = lazy_re(r"^" + _RANK + r"(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exception|interrupt)\b(?!\w)|^" + _RANK + r"Traceback \(most recent|"
                          r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
                          r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b|"
                          r"\" not implemented for '", re.I)
@@ -38,7 +39,7 @@ _WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
 # a line that names no family whatever words it holds: a NameError's name is an identifier of the script
 # (`name 'LoraConfig' is not defined` is a missing import, not LoRA), and an index error of a Python
 # container is a bug in the script's data handling, not a kernel's index
-_NO_FAMILY_RE = lazy_re(r"^(?:[\w.]*\.)?NameError: |\b(?:list|tuple|string) index out of range", re.I)
+_NO_FAMILY_RE = lazy_re(r"^" + _RANK + r"(?:[\w.]*\.)?NameError: |\b(?:list|tuple|string) index out of range", re.I)
 
 
 @record(eq=False, repr=False)
