@@ -157,6 +157,10 @@ GUESSING_NEGATIVES = {
     # `build_rows() got an unexpected keyword argument`: the script's own helper or a library function whose
     # argument was removed read the same on one line; the guess says version conflict, labelled 0.2
     "env-version-removed-argument/neg-user-helper-typo.log",
+    # `failed to bind to [::]:29500 (errno: 9` cut before its code: 98 (address in use) and 99 (cannot assign the
+    # address: MASTER_ADDR) are both launcher problems, so the guess names the launcher family (labelled 0.2)
+    # while the port-in-use rule, which needs the code, stays silent
+    "dist-port-in-use/neg-cut-before-errno-and-network.log",
     # a non-finite gradient norm in a bf16 run: no rule claims the clip error without fp16, and the
     # `Mixed precision type: bf16` line is no error line the guess sees
     "nonfinite-gradients-error/neg-bf16-clip-error.log",
