@@ -61,10 +61,12 @@ def _word_at(sentence: str, low: str, at: int, word: str) -> bool:
 
 def sentence_phase(sentence: str, table: Optional[ProseTable] = None) -> tuple[Optional[str], bool]:
     """(phase or None, whether the sentence names the OOM itself) for one sentence. The phase is
-    the nearest phase word before the last anchor; 'train' and a finished phase give None."""
+    the nearest phase word before the last OOM word (before the last weak anchor when there is none);
+    'train' gives None, a finished phase is passed over."""
     t = table or prose_table()
     strong = _last_at(sentence, t.anchors)
-    anchor = max(strong, _last_at(sentence, t.weak))
+    # the OOM word itself when the sentence has one; GPU memory / "the error below" only without one
+    anchor = strong if strong >= 0 else _last_at(sentence, t.weak)
     if anchor < 0:
         return None, False
     low = sentence.lower()
