@@ -100,8 +100,9 @@ class ProseExtractor(Extractor):
     names a GPU out-of-memory error in words); evidence group `prose`."""
 
     TRIGGERS = (
-        ("显存", False), ("OOM", False), ("out of memory", True), ("OutOfMemory", False), ("메모리", False),
-        ("VRAM", False), ("メモリ", False), ("오류", False), ("如下错误", False), ("报错如下", False),
+        # Latin words case-blind: a pasted title or search snippet may be lower-cased
+        ("显存", False), ("OOM", True), ("out of memory", True), ("OutOfMemory", True), ("메모리", False),
+        ("VRAM", True), ("メモリ", False), ("오류", False), ("如下错误", False), ("报错如下", False),
         ("以下のエラー", False),
     )
 
