@@ -40,6 +40,12 @@ def prose_table(path: Path = TABLE) -> ProseTable:
                       phases=tuple(pairs), after=tuple(str(w) for w in data.get("after") or ()))
 
 
+@functools.lru_cache(maxsize=2)
+def _phase_re(table: ProseTable) -> "re.Pattern[str]":
+    """Any phase word, lower-cased (longest first, so a longer word wins where two start alike)."""
+    return re.compile("|".join(re.escape(w.lower()) for w, _ in table.phases))
+
+
 def _last_at(sentence: str, words: tuple[str, ...]) -> int:
     """Where the last of `words` starts in the sentence (-1: none). Latin words match case-blind."""
     low = sentence.lower()
@@ -70,7 +76,10 @@ def sentence_phase(sentence: str, table: Optional[ProseTable] = None) -> tuple[O
     if anchor < 0:
         return None, False
     low = sentence.lower()
-    for at in range(anchor - 1, -1, -1):
+    # the phase words before the anchor, nearest first (one regex pass: a line may be 8,000 characters)
+    # (the 64 nearest: a hostile line of repeated finished phases costs no more)
+    for m in reversed(list(_phase_re(t).finditer(low, 0, anchor))[-64:]):
+        at = m.start()
         hit = next(((w, p) for w, p in t.phases if _word_at(sentence, low, at, w)), None)
         if hit is None:
             continue
