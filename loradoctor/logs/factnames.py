@@ -41,7 +41,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "killed.oom_killer", "killed.pid", "killed.process", "killed.anon_rss_bytes", "killed.bare",
     "killed.exit_code",
     # code43
-    "code43.present", "code43.device",
+    "prose.oom_phase", "prose.gpu_oom", "code43.present", "code43.device",
     # input
     "input.files", "input.lines", "input.bytes",
     # env

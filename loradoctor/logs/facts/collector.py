@@ -15,6 +15,7 @@ from loradoctor.logs.facts.memsum import MemsumExtractor
 from loradoctor.logs.facts.oom import OomExtractor, RawPosition
 from loradoctor.logs.facts.tables import ERRORISH_WORDS
 from loradoctor.logs.facts.config import ConfigExtractor
+from loradoctor.logs.facts.prose import ProseExtractor
 from loradoctor.logs.facts.trace import TraceExtractor
 from loradoctor.logs.facts.smi import SmiExtractor
 from loradoctor.logs.facts.xid import XidExtractor
@@ -65,10 +66,11 @@ class FactCollector(Sink):
         self.host = HostExtractor(self)
         self.config = ConfigExtractor(self)
         self.smi = SmiExtractor(self)
+        self.prose = ProseExtractor(self)
         # the feeding order: the OOM extractor reads the traceback's frames before the trace
         # extractor takes the line, and the metric records before it
         self.extractors: tuple[Extractor, ...] = (self.metrics, self.oom, self.trace, self.memsum, self.xid,
-                                                  self.dist, self.host, self.config, self.smi)
+                                                  self.dist, self.host, self.config, self.smi, self.prose)
         self.dispatch = Dispatch(e.triggers for e in self.extractors)
         # an extractor opens or closes a record only while it is fed a line (or closed), so whether
         # any record is open is worked out after each feed, not asked of every extractor per line
@@ -161,7 +163,7 @@ class FactCollector(Sink):
 
 def trigger_literals(extractors: tuple[type[Extractor], ...] = (
         OomExtractor, MetricsExtractor, MemsumExtractor, TraceExtractor, XidExtractor, DistExtractor,
-        HostExtractor, ConfigExtractor, SmiExtractor)) -> TriggerLiterals:
+        HostExtractor, ConfigExtractor, SmiExtractor, ProseExtractor)) -> TriggerLiterals:
     """Every extractor's trigger literals, and the tail's: the engine's prefilter adds them."""
     out: list[tuple[str, bool]] = []
     for extractor in extractors:
