@@ -56,7 +56,9 @@ def run(capsys, monkeypatch, args: list[str]) -> tuple[int, str, str]:
 def check(code: int, out: str, err: str, args: list[str]) -> None:
     what = "loradoctor " + " ".join(args)
     assert code in (0, 1, 2), f"{what}: exit {code}\n{err}"
-    assert "Traceback" not in out + err, f"{what}: traceback\n{err}"
+    assert "Traceback" not in err, f"{what}: traceback\n{err}"
+    # the documentation may speak of tracebacks (docs/rules.md: a header cut short still opens one)
+    assert args[:1] == ["docs"] or "Traceback" not in out, f"{what}: traceback\n{out[-2000:]}"
     errors = [line for line in err.splitlines() if line.startswith("loradoctor: error:")]
     if code == 2 and not out:
         assert len(errors) == 1 and len(err.strip().splitlines()) == 1, f"{what}: not one error line:\n{err}"

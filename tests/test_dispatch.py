@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import pytest
 
 from loradoctor.env import snapshot
-from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, smi, trace, xid
+from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, prose, smi, trace, xid
 from loradoctor.logs.facts.collector import Dispatch, FactCollector
 from loradoctor.logs.reader import make_line
 
@@ -31,6 +32,10 @@ ENTRY = {
                                  metrics._OLD_OVERFLOW_RE],
     # the engine hands an open table only its trigger lines: every row the importer reads must hold one
     smi.SmiExtractor: [smi._HEADER_RE, snapshot._SMI_GPU_ROW, snapshot._SMI_USE_ROW, snapshot._SMI_PROC],
+    # a CJK line naming one of the symptom words of loradoctor/data/prose_words.yaml (Latin ones case-blind)
+    prose.ProseExtractor: [re.compile(f"(?=.*{prose._CJK_RE.pattern})(?i:.*(?:"
+                                      + "|".join(map(re.escape, prose.prose_table().anchors + prose.prose_table().weak))
+                                      + "))")],
 }
 
 # lines that each entry regex must be complete for, beyond the fixtures (forms a fixture may lack)

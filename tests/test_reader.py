@@ -507,6 +507,7 @@ def test_retain_freed_memory_only_for_big_inputs(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(reader, "retain_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(reader, "PROCESS_IS_OURS", False)  # an in-process CLI test before this one sets it
     log = tmp_path / "train.log"
     log.write_text("RuntimeError: CUDA error: an illegal memory access was encountered\n")
     monkeypatch.setattr(reader, "RETAIN_FROM_BYTES", 10)
