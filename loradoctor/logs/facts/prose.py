@@ -9,13 +9,15 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from loradoctor.lazyre import lazy_re
 from loradoctor.logs.facts.common import Extractor
 
 TABLE = Path(__file__).resolve().parent.parent.parent / "data" / "prose_words.yaml"
 
 # CJK ideographs, Hangul syllables, Kana: a line holding none of them is not this extractor's prose
-_CJK_RE = re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
-_SENTENCE_END_RE = re.compile("[。！？!?]")
+# (compiled on first use: the class's charset takes ~7 ms to build, and an ASCII line never needs it)
+_CJK_RE = lazy_re("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+_SENTENCE_END_RE = lazy_re("[。！？!?]")
 _LATIN = re.compile("[A-Za-z]")
 
 
@@ -117,7 +119,7 @@ class ProseExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if not _CJK_RE.search(text):
+        if text.isascii() or not _CJK_RE.search(text):
             return False
         phase, said = line_phase(text)
         values = self.sink.values
