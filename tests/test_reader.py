@@ -561,3 +561,21 @@ def test_a_bar_cut_inside_its_stats_bracket_is_a_wrap():
     assert join_wrapped(folded.encode(), 80)[0].decode().splitlines() == bars
     padded = "".join(b[:74].ljust(79) + "]\n" + "next\n" for b in bars)
     assert detect_wrap_width(padded.encode()) is None
+
+
+def test_unquote_spaces_looks_only_at_lines_with_a_percent_20_and_answers_as_line_by_line():
+    """The block-level unquote_spaces (it visits only the lines around each `%20`) gives what decoding
+    every line on its own gives, on random blocks of the pieces that matter."""
+    import random
+
+    from loradoctor.logs.reader import unquote_spaces
+
+    def line_by_line(block: bytes) -> bytes:
+        return b"\n".join(line.replace(b"%20", b" ") if line.count(b"%20") >= 2 and b" " not in line.strip()
+                          and b"://" not in line else line for line in block.split(b"\n"))
+
+    rng = random.Random(7)
+    pieces = [b"%20", b"a", b" ", b"\n", b"://", b"%2", b"0", b"\r", b"x%20y%20z", b"\t"]
+    for _ in range(5000):
+        block = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        assert unquote_spaces(block) == line_by_line(block), block

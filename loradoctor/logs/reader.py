@@ -400,13 +400,26 @@ def unescape_html(block: bytes) -> bytes:
 # decoded; a URL that names a file with spaces stays as it is.
 def unquote_spaces(block: bytes) -> bytes:
     """`a%20b%20c` -> `a b c` on a line with no space and no `://` (else unchanged, fast)."""
-    if b"%20" not in block:
+    at = block.find(b"%20")
+    if at < 0:
         return block
-    lines = block.split(b"\n")
-    for i, line in enumerate(lines):
+    # only the lines that hold a `%20` are looked at (a big log has a few, in links: splitting every
+    # block into lines for them was ~10% of explain's time on a 200 MB log)
+    pieces: list[bytes] = []
+    done = 0
+    while at >= 0:
+        start = block.rfind(b"\n", 0, at) + 1
+        end = block.find(b"\n", at)
+        end = len(block) if end < 0 else end
+        line = block[start:end]
         if line.count(b"%20") >= 2 and b" " not in line.strip() and b"://" not in line:
-            lines[i] = line.replace(b"%20", b" ")
-    return b"\n".join(lines)
+            pieces += [block[done:start], line.replace(b"%20", b" ")]
+            done = end
+        at = block.find(b"%20", end)
+    if not pieces:
+        return block
+    pieces.append(block[done:])
+    return b"".join(pieces)
 
 
 # A log that went through a word processor or chat app (Word, WeChat, Notion) has typographic quotes:
