@@ -365,3 +365,13 @@ def test_ipython_frame_headers_cut_take_the_arrow_lines_call():
     # outside a traceback, or as prose, no IPython header: `File not found`, `File /x.py:3, in f(...)` is whole
     assert cut_frame_head("File /x/modeling.py:347, i") is None and cut_frame_head("File not found", ipython=True) is None
     assert cut_frame_head("File /x/y.py:3, in f(a)", ipython=True) is None
+
+
+def test_a_frame_with_an_absurd_line_number_is_read_without_a_crash():
+    """A 4,400-digit line number (a mangled paste; fuzz campaign seed 22) is past what int() converts:
+    the frame is kept, its line number read as unknown (0)."""
+    from loradoctor.logs.facts.frames import parse_frames
+
+    frames = parse_frames('  File "/home/z/peft/tuners/lora.py", line ' + "1" * 4400 + ", in save")
+    assert frames and frames[0].line == 0 and frames[0].function == "save"
+    assert parse_frames('  File "/home/z/train.py", line 88, in <module>')[0].line == 88

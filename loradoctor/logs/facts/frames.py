@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Optional, Sequence
 
 from loradoctor.lazyre import lazy_re
+from loradoctor.logs.facts.common import MAX_ID, _bounded_int
 
 TABLE = Path(__file__).resolve().parent.parent.parent / "data" / "frames.yaml"
 
@@ -57,20 +58,25 @@ _RICH_TAILS = (lazy_re(r"^(\d+) in ([\w<>.]+)$"), lazy_re(r"^in ([\w<>.]+)$", re
 ARROW_RE = lazy_re(r"^-*> ?(\d+)\b")
 
 
+def _line(digits: Optional[str]) -> int:
+    """A frame's line number; 0 when absent or absurd (a pasted 4,000-digit run: int() refuses it)."""
+    return _bounded_int(digits, MAX_ID) or 0
+
+
 def parse_frames(text: str) -> list[Frame]:
     """The frames one (normalised) line shows, in any dialect; [] when it is no frame line."""
     if "ile " in text or "ILE " in text:
-        found = [Frame(m.group(1), int(m.group(2)), _short(m.group(3) or ""), "cpython")
+        found = [Frame(m.group(1), _line(m.group(2)), _short(m.group(3) or ""), "cpython")
                  for m in _CPYTHON_RE.finditer(text)]
         if found:
             return found
         m = _IPYTHON_RE.match(text)
         if m:
-            return [Frame(m.group(1), int(m.group(2)), m.group(4), "ipython", m.group(3) + m.group(4))]
+            return [Frame(m.group(1), _line(m.group(2)), m.group(4), "ipython", m.group(3) + m.group(4))]
     if ".py" in text or ".PY" in text:
         m = _RICH_RE.match(text)
         if m:
-            return [Frame(m.group(1), int(m.group(2)), _short(m.group(3)), "rich")]
+            return [Frame(m.group(1), _line(m.group(2)), _short(m.group(3)), "rich")]
         m = _OLD_IPYTHON_RE.match(text)
         if m:
             return [Frame(m.group(1), 0, m.group(3), "ipython-old", m.group(2) + m.group(3))]
@@ -78,7 +84,7 @@ def parse_frames(text: str) -> list[Frame]:
         m = _CELL_RE.match(text)
         if m:
             if m.group(1):
-                return [Frame(m.group(1), int(m.group(2)), m.group(3) or "<module>", "cell")]
+                return [Frame(m.group(1), _line(m.group(2)), m.group(3) or "<module>", "cell")]
             if m.group(4):
                 return [Frame(m.group(4), 0, m.group(5), "cell")]
             return [Frame(m.group(6), 0, m.group(7), "cell")]
@@ -109,7 +115,7 @@ def cut_frame_head(text: str, ipython: bool = False) -> Optional[Frame]:
         m = _CUT_IPYTHON_HEAD_RE.match(text)
     if m is None:
         return None
-    return Frame(m.group(1), int(m.group(2) or 0), "", "cut")
+    return Frame(m.group(1), _line(m.group(2)), "", "cut")
 
 
 def called_function(source: str) -> str:
@@ -143,7 +149,7 @@ def rich_wrapped_head(text: str) -> Optional[tuple[str, int, int]]:
     m = _RICH_HEAD_RE.match(text)
     if m is None:
         return None
-    return m.group(1), int(m.group(2) or 0), 0 if m.group(2) is None else (2 if m.group(3) else 1)
+    return m.group(1), _line(m.group(2)), 0 if m.group(2) is None else (2 if m.group(3) else 1)
 
 
 def rich_wrapped_frame(head: tuple[str, int, int], text: str) -> Optional[Frame]:
@@ -153,7 +159,7 @@ def rich_wrapped_frame(head: tuple[str, int, int], text: str) -> Optional[Frame]
     if m is None:
         return None
     if form == 0:
-        return Frame(path, int(m.group(1)), _short(m.group(2)), "rich")
+        return Frame(path, _line(m.group(1)), _short(m.group(2)), "rich")
     return Frame(path, lineno, _short(m.group(1)), "rich")
 
 

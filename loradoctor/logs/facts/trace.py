@@ -10,7 +10,7 @@ from typing import Any, Optional
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink
-from loradoctor.logs.facts.frames import (ARROW_RE, Frame, called_function, caller_source, cut_frame_head,
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, _line, called_function, caller_source, cut_frame_head,
                                           location_from_frames, parse_frames, rich_wrapped_frame, rich_wrapped_head,
                                           shows_bnb_4bit)
 
@@ -172,7 +172,7 @@ class TraceExtractor(Extractor):
             if last.line == 0 and "> " in text[:12]:  # old IPython: `-> 1539     return inner_training_loop(`
                 a = ARROW_RE.match(text)
                 if a:
-                    self._frames[-1] = last._replace(line=int(a.group(1)))
+                    self._frames[-1] = last._replace(line=_line(a.group(1)))
             self._sources.append((len(self._frames) - 1, text))  # the source line under a frame
 
     def _open_trace(self, line: Any, headerless: bool) -> None:
