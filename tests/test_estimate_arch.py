@@ -96,3 +96,15 @@ def test_module_aliases():
     assert normalize_module("w2") == ("down_proj",)
     assert normalize_module("model.layers.0.self_attn.o_proj") == ("o_proj",)
     assert normalize_module("output_proj") == ("o_proj",)
+
+
+@pytest.mark.parametrize("model", ["a" * 5000, "org/" + "a" * 5000, "Qwen/Qwen2.5-7B\x00x"])
+def test_a_model_name_no_file_system_takes_is_an_unknown_model_not_a_crash(model):
+    """Fuzz campaign seed 24: a mangled model id in a config (5,000 characters) made Path.is_dir() raise
+    ENAMETOOLONG; it is looked up as an id, and the one-line error shows at most 200 of its characters."""
+    from loradoctor.errors import UserError
+    from loradoctor.estimate.arch import resolve_arch
+
+    with pytest.raises(UserError) as err:
+        resolve_arch(model)
+    assert "unknown model" in str(err.value) and len(str(err.value)) < 2000

@@ -258,7 +258,7 @@ def find_in_hf_cache(model_id: str) -> Optional[Path]:
     folder = "models--" + model_id.replace("/", "--")
     for cache in hf_cache_dirs():
         base = cache / folder
-        if not base.is_dir():
+        if _path_kind(base) != "dir":  # (an id too long for a file name is in no cache)
             continue
         ref = base / "refs" / "main"
         if ref.is_file():
@@ -335,17 +335,27 @@ def _named(arch: Arch, name: str) -> Arch:
     return Arch(**{**asdict(arch), "name": name or arch.name})
 
 
+def _path_kind(path: Path) -> str:
+    """'dir', 'file' or '' (nothing there, or a name no file system takes: too long, a NUL byte), so a
+    model id that cannot be a path is looked up as an id, never a crash."""
+    try:
+        return "dir" if path.is_dir() else "file" if path.is_file() else ""
+    except (OSError, ValueError):
+        return ""
+
+
 def resolve_arch(model: str) -> Arch:
     """A model folder or config.json path, then an id in the local HF cache, then a preset. UserError otherwise."""
     if not model:
         raise UserError("no model given: pass --model ID|PATH (a folder with config.json, a config.json, or a preset)")
     path = Path(model).expanduser()
-    if path.is_dir():
+    kind = _path_kind(path)
+    if kind == "dir":
         cfg = path / "config.json"
         if not cfg.is_file():
             raise UserError(f"{path} has no config.json")
         return _named(arch_from_config(read_config_file(cfg), source=str(cfg)), path.name)
-    if path.is_file():
+    if kind == "file":
         arch = arch_from_config(read_config_file(path), source=str(path))
         return _named(arch, path.parent.name) if arch.name in ("model", "") or "/" not in arch.name else arch
     cached = find_in_hf_cache(model)
@@ -357,6 +367,6 @@ def resolve_arch(model: str) -> Arch:
         return Arch(**{**asdict(arch), "name": model if "/" in model else name})
     listing = ", ".join(sorted(presets()))
     raise UserError(
-        f"unknown model {model!r}: not a local folder or config.json, not in the Hugging Face cache "
+        f"unknown model {model if len(model) <= 200 else model[:200] + '...'!r}: not a local folder or config.json, not in the Hugging Face cache "
         f"({', '.join(str(d) for d in hf_cache_dirs()[:2])}), and not a preset. Presets: {listing}"
     )
