@@ -134,3 +134,26 @@ def test_a_gated_when_answers_as_the_parsed_one():
             assert rule.condition.evaluate(values) == full.evaluate(values), (rule.id, values)
     untouched = _ParsedOnUse(gated[0].when, gated[0].condition.__dict__["_gate"], True)
     assert untouched.evaluate({}) is False and "tree" not in untouched.__dict__  # no parse
+
+
+def test_the_focus_of_an_overlong_line_is_found_window_by_window_as_in_one_pass(monkeypatch):
+    """engine._literal_at searches window by window (a 20 MB hostile line cost seconds when every literal
+    was searched over all of it): on random lines, with tiny windows, it finds the first literal a
+    search over the whole line finds, wherever it starts within FOCUS_SEARCH_BYTES."""
+    import random
+
+    class Kept:  # the part of a Prefilter _literal_at reads
+        kept = [(b"CUDA out", False), (b"error", True), (b"oom", True), (b"Xid", False), (b"a" * 9, False)]
+
+    def whole(raw: bytes) -> int:
+        low = raw.lower()
+        found = [(low if ci else raw).find(lit) for lit, ci in Kept.kept]
+        return min((pos for pos in found if pos >= 0), default=0)
+
+    monkeypatch.setattr(engine, "FOCUS_WINDOW_BYTES", 16)
+    monkeypatch.setattr(engine, "FOCUS_SEARCH_BYTES", 1 << 20)
+    rng = random.Random(3)
+    pieces = [b"x", b" ", b"CUDA out", b"ERROR", b"Oom", b"Xi", b"d", b"a" * 5, b"a" * 9, b"cuda out"]
+    for _ in range(3000):
+        raw = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        assert engine._literal_at(raw, Kept) == whole(raw), raw
