@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional
 from loradoctor.lazyre import is_pattern, lazy_re
 from loradoctor.findings import Evidence, Finding, Fix
 from loradoctor.logs import reader
-from loradoctor.logs.reader import digit_blind
+from loradoctor.logs.rules.literals import digit_blind
 from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, RawPosition, is_errorish)

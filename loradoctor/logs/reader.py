@@ -676,89 +676,6 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     return None
 
 
-_DIGIT_BLIND: dict[tuple, bool] = {}  # (pattern, flags) -> digit_blind(compiled)
-
-
-def digit_blind(compiled) -> bool:
-    r"""True when a compiled `re` regex cannot tell one ASCII digit from another: no digit written literally,
-    every class holding all digits or none (`\d`, `\w`, `[0-9a-f]`, `[^\d]` do; `[1-9]`, `0x` do not), no
-    backreference. Its search on a line then goes the same way on the line with every digit written 0
-    (each step of the matcher tests a character against the same classes), so whether it matches is a
-    property of the digit-blind line: an eval record that a rule's require_all regex missed need not be
-    searched again when only its numbers changed. Anything the walk does not know counts as not blind."""
-    key = (compiled.pattern, compiled.flags)
-    found = _DIGIT_BLIND.get(key)
-    if found is None:
-        found = False
-        if compiled.__class__ is re.Pattern and isinstance(compiled.pattern, str):
-            from re import _parser  # (the parser of the standard engine; only patterns searched get here)
-
-            try:
-                found = _blind_tree(_parser.parse(compiled.pattern, compiled.flags))
-            except Exception:  # an internal module that changed shape: not blind, searched as before
-                found = False
-        _DIGIT_BLIND[key] = found
-    return found
-
-
-_ASCII_DIGITS = frozenset(range(48, 58))
-
-
-def _blind_tree(items) -> bool:
-    from re import _constants as c
-
-    for op, av in items:
-        if op is c.LITERAL or op is c.NOT_LITERAL:
-            if av in _ASCII_DIGITS:
-                return False
-        elif op is c.IN:
-            if not _blind_class(av, c):
-                return False
-        elif op is c.ANY or op is c.AT:
-            continue
-        elif op is c.BRANCH:
-            if not all(_blind_tree(branch) for branch in av[1]):
-                return False
-        elif op is c.SUBPATTERN:
-            if not _blind_tree(av[3]):
-                return False
-        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
-            if not _blind_tree(av[2]):
-                return False
-        elif op is c.ASSERT or op is c.ASSERT_NOT:
-            if not _blind_tree(av[1]):
-                return False
-        elif op is getattr(c, "ATOMIC_GROUP", None):
-            if not _blind_tree(av):
-                return False
-        else:  # a backreference, a conditional, anything else
-            return False
-    return True
-
-
-def _blind_class(items, c) -> bool:
-    """A character class holds every ASCII digit or none (negated or not)."""
-    all_digits = (c.CATEGORY_DIGIT, c.CATEGORY_WORD, c.CATEGORY_NOT_SPACE, c.CATEGORY_UNI_DIGIT,
-                  c.CATEGORY_UNI_WORD, c.CATEGORY_UNI_NOT_SPACE, c.CATEGORY_NOT_LINEBREAK,
-                  c.CATEGORY_UNI_NOT_LINEBREAK)
-    no_digit = (c.CATEGORY_NOT_DIGIT, c.CATEGORY_NOT_WORD, c.CATEGORY_SPACE, c.CATEGORY_UNI_NOT_DIGIT,
-                c.CATEGORY_UNI_NOT_WORD, c.CATEGORY_UNI_SPACE, c.CATEGORY_LINEBREAK, c.CATEGORY_UNI_LINEBREAK)
-    held: set = set()
-    for op, av in items:
-        if op is c.NEGATE:
-            continue
-        if op is c.LITERAL:
-            if av in _ASCII_DIGITS:
-                held.add(av)
-        elif op is c.RANGE:
-            held.update(d for d in _ASCII_DIGITS if av[0] <= d <= av[1])
-        elif op is c.CATEGORY and av in all_digits:
-            held.update(_ASCII_DIGITS)
-        elif not (op is c.CATEGORY and av in no_digit):
-            return False
-    return not held or held == _ASCII_DIGITS
-
-
 def _one_space_head(line: str, nxt: str) -> bool:
     """`nxt` starts with exactly one space, then text, after a full-width `line` that ends in text: the
     continuation of a hard wrap that fell on a space (a frame or a list item is indented deeper)."""
@@ -775,6 +692,8 @@ def digits_blind(text: str) -> str:
     the dict, bytes.translate is one table pass (a digit's byte is in no multi-byte UTF-8 sequence, and
     surrogatepass carries any str there and back)."""
     return text.encode("utf-8", "surrogatepass").translate(_DIGITS_BLIND_BYTES).decode("utf-8", "surrogatepass")
+
+
 _TABLE_EDGES = "|│┃║+"
 
 

@@ -10,7 +10,8 @@ import re
 from typing import Any, Iterable, Optional
 
 from loradoctor.lazyre import lazy_re
-from loradoctor.logs.reader import digit_blind, digits_blind
+from loradoctor.logs.reader import digits_blind
+from loradoctor.logs.rules.literals import digit_blind
 from loradoctor.logs.facts.common import _NUMBER, _float, _size
 from loradoctor.logs.facts.tables import BAR_LOSS_KEYS as _BAR_LOSS_KEYS
 from loradoctor.logs.facts.tables import SERIES_KEYS as _SERIES_KEYS
@@ -105,7 +106,7 @@ _METRIC_SPANS_ENTRIES = 4096
 
 def _metric_matches(text: str) -> list[tuple[str, str, Optional[str]]]:
     """(key, number, unit or None) of every _METRIC_RE match in text, in order. _METRIC_RE cannot tell one
-    digit from another (reader.digit_blind), so where it matches depends only on the text with its digits
+    digit from another (rules.literals.digit_blind), so where it matches depends only on the text with its digits
     written 0: the spans are remembered per digit-blind text and cut from the text itself (an eval record
     every 500 steps is the same text but for its numbers; the regex took ~13 us of its ~30)."""
     compiled = _METRIC_RE.compiled()

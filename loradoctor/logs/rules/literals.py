@@ -27,6 +27,89 @@ def _constants():
     return c
 
 
+# ---------------------------------------------------------------------------------------------
+# digit-blind regexes (engine: require_all / exclude misses; metrics: the record regex)
+
+_DIGIT_BLIND: dict[tuple, bool] = {}  # (pattern, flags) -> digit_blind(compiled)
+
+
+def digit_blind(compiled) -> bool:
+    r"""True when a compiled `re` regex cannot tell one ASCII digit from another: no digit written literally,
+    every class holding all digits or none (`\d`, `\w`, `[0-9a-f]`, `[^\d]` do; `[1-9]`, `0x` do not), no
+    backreference. Its search on a line then goes the same way on the line with every digit written 0
+    (each step of the matcher tests a character against the same classes), so whether it matches is a
+    property of the digit-blind line: an eval record that a rule's require_all regex missed need not be
+    searched again when only its numbers changed. Anything the walk does not know counts as not blind."""
+    key = (compiled.pattern, compiled.flags)
+    found = _DIGIT_BLIND.get(key)
+    if found is None:
+        found = False
+        if compiled.__class__ is re.Pattern and isinstance(compiled.pattern, str):
+            try:
+                found = _blind_tree(_parser().parse(compiled.pattern, compiled.flags))
+            except Exception:  # an internal module that changed shape: not blind, searched as before
+                found = False
+        _DIGIT_BLIND[key] = found
+    return found
+
+
+_ASCII_DIGITS = frozenset(range(48, 58))
+
+
+def _blind_tree(items) -> bool:
+    c = _constants()
+    for op, av in items:
+        if op is c.LITERAL or op is c.NOT_LITERAL:
+            if av in _ASCII_DIGITS:
+                return False
+        elif op is c.IN:
+            if not _blind_class(av, c):
+                return False
+        elif op is c.ANY or op is c.AT:
+            continue
+        elif op is c.BRANCH:
+            if not all(_blind_tree(branch) for branch in av[1]):
+                return False
+        elif op is c.SUBPATTERN:
+            if not _blind_tree(av[3]):
+                return False
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)):
+            if not _blind_tree(av[2]):
+                return False
+        elif op is c.ASSERT or op is c.ASSERT_NOT:
+            if not _blind_tree(av[1]):
+                return False
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            if not _blind_tree(av):
+                return False
+        else:  # a backreference, a conditional, anything else
+            return False
+    return True
+
+
+def _blind_class(items, c) -> bool:
+    """A character class holds every ASCII digit or none (negated or not)."""
+    all_digits = (c.CATEGORY_DIGIT, c.CATEGORY_WORD, c.CATEGORY_NOT_SPACE, c.CATEGORY_UNI_DIGIT,
+                  c.CATEGORY_UNI_WORD, c.CATEGORY_UNI_NOT_SPACE, c.CATEGORY_NOT_LINEBREAK,
+                  c.CATEGORY_UNI_NOT_LINEBREAK)
+    no_digit = (c.CATEGORY_NOT_DIGIT, c.CATEGORY_NOT_WORD, c.CATEGORY_SPACE, c.CATEGORY_UNI_NOT_DIGIT,
+                c.CATEGORY_UNI_NOT_WORD, c.CATEGORY_UNI_SPACE, c.CATEGORY_LINEBREAK, c.CATEGORY_UNI_LINEBREAK)
+    held: set = set()
+    for op, av in items:
+        if op is c.NEGATE:
+            continue
+        if op is c.LITERAL:
+            if av in _ASCII_DIGITS:
+                held.add(av)
+        elif op is c.RANGE:
+            held.update(d for d in _ASCII_DIGITS if av[0] <= d <= av[1])
+        elif op is c.CATEGORY and av in all_digits:
+            held.update(_ASCII_DIGITS)
+        elif not (op is c.CATEGORY and av in no_digit):
+            return False
+    return not held or held == _ASCII_DIGITS
+
+
 # bytes that fill progress bars, metric dicts and timestamps: a literal made of them (and digits)
 # would send most of a training log through the rule matcher
 _COMMON_LOG_CHARS = frozenset("0123456789 %|/.:,[]<>_'\t")
