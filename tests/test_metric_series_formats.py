@@ -15,6 +15,7 @@ from loradoctor.logs.facts import FactCollector
 from loradoctor.logs.facts.aggregate import LossAggregate, RepeatTracker
 from loradoctor.logs.facts.metrics import parse_bar_description, parse_metric_record
 from loradoctor.logs.reader import Line
+from loradoctor.logs.rules.redos import _split_top
 
 NAN = float("nan")
 
@@ -366,29 +367,6 @@ def test_a_nan_average_loss_and_an_unended_cut_record_give_no_average():
     assert "metrics.train_loss" not in f and f["metrics.steps"] == 1
 
 
-def _top_level_alternatives(pattern: str) -> list[str]:
-    """A regex source cut at its top-level `|` (not inside a group or a class, not escaped)."""
-    out, depth, in_class, start, i = [], 0, False, 0, 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            out.append(pattern[start:i])
-            start = i + 1
-        i += 1
-    return out + [pattern[start:]]
-
-
 def test_precision_hints_cover_every_form_the_regexes_match():
     """precision_of answers None without its regexes for a line holding none of _PRECISION_HINTS (an eval
     record whose numbers hold `16`, ~30 us saved a line): every top-level alternative of both regexes
@@ -396,7 +374,7 @@ def test_precision_hints_cover_every_form_the_regexes_match():
     from loradoctor.logs.facts.metrics import _BF16_ON_RE, _FP16_ON_RE, _PRECISION_HINTS, precision_of
 
     for regex in (_FP16_ON_RE, _BF16_ON_RE):
-        alternatives = _top_level_alternatives(regex.pattern)
+        alternatives = _split_top(regex.pattern)  # cut at its top-level `|`
         assert len(alternatives) == 8
         for alternative in alternatives:
             assert any(hint in alternative for hint in _PRECISION_HINTS), alternative
