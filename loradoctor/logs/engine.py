@@ -976,7 +976,7 @@ def _declared_text(a: _Candidate, b: _Candidate) -> str:
 
 
 def _label(c: _Candidate) -> str:
-    return f"#{c.finding.rank} ({c.rule.id})"
+    return _flabel(c.finding)
 
 
 MAX_WHY_PARTS = 3
