@@ -465,6 +465,21 @@ def test_a_line_of_percent_encoded_spaces_is_decoded(tmp_path):
     assert report.findings[0].evidence[0].text == "libtorch_cuda.so: undefined symbol: ncclCommRegister"
 
 
+def test_percent_encoded_lines_are_decoded_only_near_the_start_of_an_input(tmp_path):
+    """A %20-encoded line is a paste of a few lines: blocks that start past UNQUOTE_BYTES are not searched."""
+    from loradoctor.logs import reader
+
+    encoded = b"libtorch_cuda.so:%20undefined%20symbol:%20ncclCommRegister\n"
+    filler = b"step 1 loss 2.0\n" * ((reader.UNQUOTE_BYTES + (64 << 10)) // 16 + 1)
+    path = tmp_path / "big.log"
+    path.write_bytes(encoded + filler + encoded)
+    item = reader.resolve_inputs([str(path)])[0]
+    text = b"".join(reader.iter_blocks(item, block_bytes=64 << 10))
+    assert text.startswith(b"libtorch_cuda.so: undefined symbol: ncclCommRegister\n")
+    assert text.endswith(encoded)
+    assert len(text) == len(encoded) + len(filler) + len(encoded) - 3 * 2  # three `%20` became spaces
+
+
 def test_a_wrap_through_repeated_frame_paths_is_detected():
     """Six frames under one long site-packages path are cut at the same column: one distinct full-width line.
     The share of full-width lines compares distinct lines with distinct lines (it compared 2 distinct with

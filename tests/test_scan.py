@@ -16,6 +16,9 @@ PIECES = [
     "RuntimeError: boom", "gpu0:1:1 [0] NCCL INFO ring", "KILLED by the kernel", "Kill-ed", "plain text",
     "torch/site-packages/x.py:3: UserWarning", "CUDA out of memory. Tried to allocate 2.00 GiB", "", "NaN here",
     "{'loss': 1, 'x': {'loss': 2}", "{'loss': \n1}", "junk {'loss': 1, \"loss\": 2}",
+    # a dict cut mid-pair and another start glued to it; a start at the very end; a dict closed right before a start
+    "{'loss': 0.5, 'gr{'loss': 0.25, 'epoch': 1.0}", "{'loss': ", "{'loss': 2.0, 'epoch': 1}{'loss': 3.0}",
+    "{'loss': 1.5, 'epoch", "{'loss': 1.5, ",
 ]
 
 
