@@ -30,8 +30,9 @@ ENTRY = {
     config.ConfigExtractor: [config._FOUR_BIT_RE, config._CHECKPOINTING_RE, config._MICRO_BATCH_RE],
     aggregate.MetricsExtractor: [metrics._PEFT_RE, metrics._APEX_OVERFLOW_RE, metrics._DS_OVERFLOW_RE,
                                  metrics._OLD_OVERFLOW_RE],
-    # the engine hands an open table only its trigger lines: every row the importer reads must hold one
-    smi.SmiExtractor: [smi._HEADER_RE, snapshot._SMI_GPU_ROW, snapshot._SMI_USE_ROW, snapshot._SMI_PROC],
+    # the header opens a table; the engine then hands it every line (EVERY_LINE_WHILE_OPEN), so a GPU row
+    # needs no trigger of its own (a driver before 470 names the GPU without `NVIDIA`)
+    smi.SmiExtractor: [smi._HEADER_RE, snapshot._SMI_USE_ROW, snapshot._SMI_PROC],
     # a CJK line naming one of the symptom words of loradoctor/data/prose_words.yaml (Latin ones case-blind)
     prose.ProseExtractor: [re.compile(f"(?=.*{prose._CJK_RE.pattern})(?i:.*(?:"
                                       + "|".join(map(re.escape, prose.prose_table().anchors + prose.prose_table().weak))
@@ -119,3 +120,42 @@ def test_feed_is_called_only_for_trigger_lines_or_open_records(corpus):
         for kind, dispatch in alone.items():
             if dispatch.mask(text) or opened[kind]:
                 assert kind in got, f"{kind.__name__} was not fed {text[:100]!r}"
+
+
+OLD_DRIVER_TABLE = """\
++-----------------------------------------------------------------------------+
+| NVIDIA-SMI 450.80.02    Driver Version: 450.80.02    CUDA Version: 11.0     |
+|-------------------------------+----------------------+----------------------+
+| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
+|===============================+======================+======================|
+|   0  A100-SXM4-40GB      On   | 00000000:07:00.0 Off |                    0 |
+| N/A   32C    P0    60W / 400W |  30210MiB / 40537MiB |      0%      Default |
++-------------------------------+----------------------+----------------------+
+|   1  A100-SXM4-40GB      On   | 00000000:0F:00.0 Off |                    0 |
+| N/A   30C    P0    58W / 400W |      3MiB / 40537MiB |      0%      Default |
++-------------------------------+----------------------+----------------------+
+
++-----------------------------------------------------------------------------+
+| Processes:                                                                  |
+|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |
+|=============================================================================|
+|  No running processes found                                                 |
++-----------------------------------------------------------------------------+
+$ python train.py
+"""
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_an_open_table_is_handed_every_line(tmp_path, newline):
+    """A GPU row holds no trigger (an old driver's `A100-SXM4-40GB`, no `NVIDIA`): the open table still reads
+    it, so the GPU is known and its 30 GB that no listed process holds are found; the first line after the
+    table that is no row ends it."""
+    from loradoctor.logs.engine import explain
+
+    path = tmp_path / "smi.log"
+    path.write_bytes(OLD_DRIVER_TABLE.replace("\n", newline).encode())
+    report = explain([str(path)])
+    facts = report.facts
+    assert facts["smi.gpu_index"] == 0 and facts["smi.unlisted_bytes"] > 29 << 30, facts
+    assert facts["smi.process_count"] == 0

@@ -14,7 +14,7 @@ import re
 import time
 from bisect import bisect_left
 from loradoctor.record import field, record
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from loradoctor.lazyre import is_pattern, lazy_re
 from loradoctor.findings import Evidence, Finding, Fix
@@ -29,7 +29,7 @@ from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, LiteralIndex, Prefilter, is_last_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, LiteralIndex, Prefilter, Segment, is_last_segment, line_segment
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
@@ -390,7 +390,7 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
             # log of long lines (progress-bar redraws) a memchr walk from line to line beats bytes.count
             # (the anchor walk numbered most segments; the others are counted from the last one)
             newlines = view.count if not long_lines else _LineWalk(view).count
-            for seg in segments:
+            for seg in _with_every_line(segments, view, lambda: collector.wants_every_line):
                 if seg.newlines is not None:
                     count = seg.newlines
                 else:
@@ -442,6 +442,25 @@ def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCo
     for item in inputs:
         item.notes.extend(matcher.budgets[item.index].finished_notes())
     return states
+
+
+def _with_every_line(segments: list[Segment], view: bytes, wants: Callable[[], bool]) -> Iterator[Segment]:
+    """The candidate segments in order and, after one, while `wants()` (an open record reads every line:
+    FactCollector.wants_every_line), the lines that follow it up to the next candidate's line (each as its
+    first `\r` segment). Asked after the caller has processed each segment: the generator is lazy."""
+    size = len(view)
+    n = len(segments)
+    k = 0
+    while k < n:
+        seg = segments[k]
+        k += 1
+        yield seg
+        at = seg.line_end + 1
+        upto = segments[k].line_start if k < n else size
+        while at < upto and wants():
+            line = line_segment(view, at)
+            yield line
+            at = line.line_end + 1
 
 
 LONG_LINE_BYTES = 512  # lines this long on average: counted by walking from newline to newline

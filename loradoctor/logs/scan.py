@@ -455,6 +455,15 @@ def _segment_counts(sample: bytes, wanted: set[int]) -> dict[int, int]:
     return out
 
 
+def line_segment(block: bytes, line_start: int) -> Segment:
+    """The first `\r` segment of the physical line that starts at line_start (the text of a CRLF line)."""
+    line_end = block.find(b"\n", line_start)
+    if line_end < 0:
+        line_end = len(block)
+    end = block.find(b"\r", line_start, line_end)
+    return Segment(line_start, line_start, end if end >= 0 else line_end, line_end)
+
+
 def _segment(block: bytes, pos: int) -> Segment:
     """The `\r`/`\n`-delimited segment around pos, and its physical line."""
     line_start = block.rfind(b"\n", 0, pos) + 1

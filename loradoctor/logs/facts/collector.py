@@ -77,6 +77,12 @@ class FactCollector(Sink):
         self._idle = True
 
     @property
+    def wants_every_line(self) -> bool:
+        """An open record reads every line until it ends (EVERY_LINE_WHILE_OPEN): the engine hands over
+        the lines after the last candidate line as well, until this turns False."""
+        return not self._idle and any(e.EVERY_LINE_WHILE_OPEN and e.open for e in self.extractors)
+
+    @property
     def idle(self) -> bool:
         """No multi-line record is open (traceback, memory summary, ChildFailedError box, wrapped OOM
         message): what a line does then depends on its text alone."""

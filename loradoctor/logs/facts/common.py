@@ -115,6 +115,9 @@ class Extractor:
     collected; `open` is True while a multi-line record (a traceback, a table) is unfinished."""
 
     TRIGGERS: TriggerLiterals = ()
+    # True: while `open`, the engine hands over every line, not only the lines that hold a literal (a
+    # table whose rows share no word worth a literal of its own; see FactCollector.wants_every_line)
+    EVERY_LINE_WHILE_OPEN = False
 
     def __init__(self, sink: Sink) -> None:
         self.sink = sink

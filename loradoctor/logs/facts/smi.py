@@ -24,6 +24,13 @@ def _unquoted(text: str) -> str:
     return text
 
 
+_LETTER_RE = lazy_re(r"[^\W\d_]")
+
+
+def _has_letter(text: str) -> bool:
+    return _LETTER_RE.search(text) is not None
+
+
 def _table_line(text: str) -> bool:
     return _unquoted(text).startswith(("|", "+"))
 
@@ -31,18 +38,23 @@ def _table_line(text: str) -> bool:
 class SmiExtractor(Extractor):
     """From a `NVIDIA-SMI ... Driver Version` header line, the table's lines until the first line that is
     not part of it; each table is read when it ends. Of all tables in the input, the GPU with the most
-    memory that no listed process holds is kept (its memory row is the evidence). The engine hands over
-    only lines holding a trigger: the rows the importer reads all hold one (the GPU row its bus id, the
-    memory row and the process rows `MiB`, or their `N/A  N/A` columns), the borders none; so the table
-    ends at the first line handed over that is not a table row."""
+    memory that no listed process holds is kept (its memory row is the evidence). The header is found by
+    its trigger; while a table is open the engine hands over every line (EVERY_LINE_WHILE_OPEN), so the
+    table ends at the first line that is not a table row (blank lines are never fed)."""
 
-    TRIGGERS = (("NVIDIA-SMI", True), ("MiB", True), ("0000:", False), ("Processes:", True),
+    TRIGGERS = (("NVIDIA-SMI", True), ("MiB", True), ("Processes:", True),
                 ("No running processes found", True),
                 ("N/A  N/A", False))  # a process row whose memory is N/A (Windows): its GI / CI columns
+    # the GPU row of a driver before 470 (`|   0  A100-SXM4-40GB  On | 00000000:07:00.0 Off |`) holds no
+    # trigger; the bus id's `0000:` was one, but it is all digits and a colon, as common as bytes get in a
+    # log of progress bars: searching every block for it was ~7% of explain's time on a 200 MB log.
+    # An open table is handed every line instead.
+    EVERY_LINE_WHILE_OPEN = True
 
     def __init__(self, sink: Sink) -> None:
         super().__init__(sink)
         self._lines: Optional[list] = None  # the open table's lines
+        self._seen = 0  # lines fed since the open table's header (rows and gaps)
         self._best: Optional[tuple] = None  # (unlisted, gpu index, used, total, evidence, listed, large)
 
     @property
@@ -54,18 +66,22 @@ class SmiExtractor(Extractor):
         header = ("NVIDIA-SMI" in text or "nvidia-smi" in text) and _HEADER_RE.search(text) is not None
         if self._lines is None:
             if header:
-                self._lines = [line]
+                self._lines, self._seen = [line], 1
                 return True
             return False
         if header:  # the next table starts
             self.close()
-            self._lines = [line]
+            self._lines, self._seen = [line], 1
             return True
+        self._seen += 1
         if not _table_line(text):
-            self.close()
+            # a line without a letter is a gap, not the end: the blank line between the GPU table and the
+            # process table as a numbered paste shows it (`  14  ` reads `14`), or a lone `>` of a quote
+            if _has_letter(text) or self._seen >= MAX_TABLE_LINES:
+                self.close()
             return False
         self._lines.append(line)
-        if len(self._lines) >= MAX_TABLE_LINES:
+        if self._seen >= MAX_TABLE_LINES:
             self.close()
         return True
 
