@@ -27,7 +27,7 @@ ENTRY = {
     memsum.MemsumExtractor: [memsum._MEMSUM_COUNTERS_RE],
     trace.TraceExtractor: [frames._CPYTHON_RE, frames._IPYTHON_RE, frames._OLD_IPYTHON_RE, frames._RICH_RE,
                            frames._CELL_RE, frames._RICH_HEAD_RE],
-    config.ConfigExtractor: [config._FOUR_BIT_RE, config._CHECKPOINTING_RE, config._MICRO_BATCH_RE],
+    config.ConfigExtractor: [config._FOUR_BIT_RE, config._CHECKPOINTING_RE, config._MICRO_BATCH_RE, config._LEARNING_RATE_RE],
     aggregate.MetricsExtractor: [metrics._PEFT_RE, metrics._APEX_OVERFLOW_RE, metrics._DS_OVERFLOW_RE,
                                  metrics._OLD_OVERFLOW_RE],
     # the header opens a table; the engine then hands it every line (EVERY_LINE_WHILE_OPEN), so a GPU row

@@ -1032,3 +1032,32 @@ def test_last_training_bar_read_from_the_tail_is_the_whole_windows_last_bar():
         assert oom._last_training_bar(log, end) == (12, 20)
     finally:
         oom.BAR_TAIL_FIRST_BYTES = first
+
+
+def test_eval_loss_nonfinite_only_for_nan_or_inf():
+    assert collect(["{'loss': 1.2}", "{'eval_loss': nan, 'epoch': 0.5}"]).flat()["metrics.eval_loss_nonfinite"] is True
+    assert collect(["{'loss': 1.2}", "{'eval_loss': inf, 'epoch': 0.5}"]).flat()["metrics.eval_loss_nonfinite"] is True
+    assert "metrics.eval_loss_nonfinite" not in collect(["{'loss': 1.2}", "{'eval_loss': 1.3, 'epoch': 0.5}"]).flat()
+
+
+@pytest.mark.parametrize("text, lr", [
+    ("python finetune.py --base_model=x --learning_rate=0.003 --lora_r=128 --micro_batch_size=12", 0.003),
+    ("    --learning_rate 2e-4 \\", 2e-4),
+    ("accelerate launch train.py --learning-rate 1E-5", 1e-5),
+    ("learning_rate: 0.0003", 3e-4),
+    ("TrainingArguments(output_dir=out, learning_rate=5e-05, warmup_ratio=0.03)", 5e-5),
+])
+def test_config_learning_rate_forms(text, lr):
+    f = collect([text]).flat()
+    assert f["config.learning_rate"] == pytest.approx(lr)
+
+
+@pytest.mark.parametrize("text", [
+    "{'loss': 1.62, 'learning_rate': 0.003, 'epoch': 0.01}",  # the scheduler's value in a metric record
+    '{"loss": 1.62, "learning_rate": 0.003}',
+    "wandb:            train/learning_rate 0.0003",
+    "--learning_rate 0 \\",
+    "lr_scheduler: cosine",
+])
+def test_config_learning_rate_ignores_metric_records_and_zero(text):
+    assert "config.learning_rate" not in collect([text]).flat()

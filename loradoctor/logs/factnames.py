@@ -21,14 +21,14 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.loss_zero_count", "metrics.loss_before_zero", "metrics.loss_range", "metrics.loss_flat_steps", "metrics.loss_rise_ratio",
     "metrics.loss_repeat_period", "metrics.loss_repeated_records",
     "metrics.grad_norm_first", "metrics.grad_norm_max", "metrics.grad_norm_nan_count",
-    "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last",
+    "metrics.grad_norm_growth", "metrics.lr_max", "metrics.lr_last", "metrics.eval_loss_last", "metrics.eval_loss_nonfinite",
     "metrics.train_finished", "metrics.train_loss", "metrics.train_runtime", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
     "metrics.mem_rising_records", "metrics.precision", "metrics.summary_only", "peft.trainable_params", "peft.all_params",
     # trace
     "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
     # config
-    "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size",
+    "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size", "config.learning_rate",
     # xid
     "xid.count", "xid.numbers", "xid.first", "xid.pci", "xid.pid", "xid.process", "xid.fell_off_bus",
     # smi

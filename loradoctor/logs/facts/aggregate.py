@@ -720,6 +720,8 @@ class MetricsExtractor(Extractor):
                 self.sink._evidence("metrics", last())
         if self._eval_last is not None:
             v["metrics.eval_loss_last"] = self._eval_last
+            if self._eval_last != self._eval_last or self._eval_last in (float("inf"), float("-inf")):
+                v["metrics.eval_loss_nonfinite"] = True
         if self._finished:
             v["metrics.train_finished"] = True
             for key, value in self._summary.items():

@@ -4,8 +4,10 @@ BitsAndBytesConfig / argument dump / YAML or JSON config echo; `config.gradient_
 `gradient_checkpointing=True` (TrainingArguments dump, config echo), transformers' warning that
 `use_cache=True` is incompatible with gradient checkpointing, or a traceback frame in
 torch/utils/checkpoint.py; `config.micro_batch_size`: the Trainer's `Instantaneous batch size per device = N`,
-`per_device_train_batch_size=N` or axolotl's `micro_batch_size: N`. (bitsandbytes' 4-bit frames are
-trace.bnb_4bit.)"""
+`per_device_train_batch_size=N` or axolotl's `micro_batch_size: N`; `config.learning_rate`: the configured
+learning rate of a command line (`--learning_rate 3e-4`, `--learning_rate=0.003`), an argument dump or a config
+echo (`learning_rate: 0.0003`, `learning_rate=0.0003`), never a metric record's scheduled value. (bitsandbytes'
+4-bit frames are trace.bnb_4bit.)"""
 
 from __future__ import annotations
 
@@ -27,11 +29,19 @@ _CHECKPOINTING_RE = lazy_re(r"(?<![\w.])gradient_checkpointing[\"']?\s*(?:[:=]\s
 _MICRO_BATCH_RE = lazy_re(r"(?:Instantaneous batch size per device =|(?<![\w.])(?:per_device_train_batch_size|micro_batch_size)"
                              r"[\"']?\s*[:=])\s*(\d{1,7})\b", re.I)
 
+# `--learning_rate 3e-4`, `--learning_rate=0.003`, `--learning-rate 1e-4`, `learning_rate: 0.0003` (a params or
+# YAML echo), `learning_rate=0.0003` (a TrainingArguments repr); a metric record (`'learning_rate': 3e-05`, quoted
+# key) is the scheduler's current value, not the configured one, and is not read (see _METRIC_RECORD)
+_LEARNING_RATE_RE = lazy_re(r"(?:--learning[_-]rate(?:\s*=\s*|\s+)|(?<![\w.'\"-])learning_rate\s*[:=]\s*)[\"']?"
+                            r"((?<![\d.])\d{1,3}(?:\.\d{1,12})?(?:e-?\d{1,2})?|\.\d{1,12})(?![\w.])", re.I)
+_METRIC_RECORD = ("'loss'", '"loss"', "'learning_rate'", '"learning_rate"')
+
 
 class ConfigExtractor(Extractor):
     TRIGGERS = (("load_in_4bit", True), ("gradient_checkpointing", True),
                 ("incompatible with gradient checkpointing", True), ("checkpoint.py", True),
                 ("batch size per device", True), ("per_device_train_batch_size", True), ("micro_batch_size", True),
+                ("learning_rate", True), ("learning-rate", True),
                 # source lines under bitsandbytes frames (`out = bnb.matmul_4bit(...)`): trace.bnb_4bit
                 ("_4bit", True))
 
@@ -47,10 +57,24 @@ class ConfigExtractor(Extractor):
             values["config.gradient_checkpointing"] = True
             self.sink._evidence("config", line)
             return True
+        found = False
         if "batch" in low and "config.micro_batch_size" not in values:
             m = _MICRO_BATCH_RE.search(text)
             if m:
                 values["config.micro_batch_size"] = _bounded_int(m.group(1), MAX_ID)
                 self.sink._evidence("config", line)
-                return True
-        return False
+                found = True
+        # one command line often holds both (`--learning_rate=0.003 ... --micro_batch_size=12`)
+        if "learning" in low and "config.learning_rate" not in values and not any(k in low for k in _METRIC_RECORD):
+            m = _LEARNING_RATE_RE.search(text)
+            if m:
+                try:
+                    lr = float(m.group(1))
+                except ValueError:
+                    lr = 0.0
+                if 0 < lr < 10:
+                    values["config.learning_rate"] = lr
+                    if not found:
+                        self.sink._evidence("config", line)
+                    found = True
+        return found

@@ -62,6 +62,7 @@ class TraceExtractor(Extractor):
             "consolidate_state_dict(", "save_fsdp_model(", "save_fsdp_optimizer(", "get_state_dict(",
             "_full_post_state_dict_hook(", "full_optim_state_dict(", "_optim_state_dict_impl(",
             "get_model_state_dict(", "get_optimizer_state_dict(", "save_state_dict(", "dump_checkpoint(",
+            "_save_to_state_dict(",
             "evaluate(", "evaluation_loop(", "prediction_step(", "predict(", "prediction_loop(", "nested_concat(",
             "_nested_gather(", "gather_for_metrics(", "eval_step(", "_evaluation_step(", "_run_sanity_check(",
             "validate(", "log_validation(", "sample_images(", "sample_image_inference(", "validation_step(",
