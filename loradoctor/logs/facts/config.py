@@ -41,7 +41,10 @@ class ConfigExtractor(Extractor):
     TRIGGERS = (("load_in_4bit", True), ("gradient_checkpointing", True),
                 ("incompatible with gradient checkpointing", True), ("checkpoint.py", True),
                 ("batch size per device", True), ("per_device_train_batch_size", True), ("micro_batch_size", True),
-                ("learning_rate", True), ("learning-rate", True),
+                # not `learning_rate` alone: every Trainer metric dict holds `'learning_rate': `, and a trigger
+                # there keeps the dicts in the scanned text (a 200 MB log took 4x as long)
+                ("--learning", True), ("learning_rate:", True), ("learning_rate=", True), ("learning_rate :", True),
+                ("learning_rate =", True),
                 # source lines under bitsandbytes frames (`out = bnb.matmul_4bit(...)`): trace.bnb_4bit
                 ("_4bit", True))
 
