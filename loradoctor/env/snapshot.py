@@ -406,7 +406,8 @@ def _norm(name: str) -> str:
 
 SMI_ROW_MAX_CHARS = 400  # far past any real row of the nvidia-smi table (R470 to R580: 79 to 91 characters)
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+CUDA Version:\s*([\d.]+|N/A)", re.I)
-_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
+# R525-R535 tables close the Persistence-M cell with no blank before the bar (`... A100-SXM4-80GB   Off| 0000...`)
+_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
 _SMI_USE_ROW = re.compile(
     r"^\|\s*(\S+)\s+(\d+)C\s+(P\d+|\S+)\s+(?:(\d+)W\s*/\s*(\d+)W|N/A\s*/\s*N/A|\S+\s*/\s*\S+)?\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|", re.I)
 _SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|", re.I)
