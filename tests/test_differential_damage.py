@@ -132,3 +132,14 @@ def test_a_cublas_bf16_refusal_is_no_cpu_build(tmp_path):
 def test_the_new_guesses_stay_off_their_near_misses(tmp_path, text):
     report = explain_text(tmp_path, text)
     assert not [f for f in report.findings if f.rule == "guess"], describe(report)
+
+
+def test_a_shared_memory_object_that_cannot_be_opened_keeps_the_descriptor_limit_in_the_top_three(tmp_path):
+    # old torch gives no reason for it (round 14): a full /dev/shm or the open-file limit, both stay in the top 3
+    text = ("  File \"/opt/conda/lib/python3.6/site-packages/torch/multiprocessing/reductions.py\", line 151, in "
+            "rebuild_storage_filename\n"
+            "RuntimeError: unable to open shared memory object </torch_29919_1396182366> in read-write mode at "
+            "/opt/conda/conda-bld/pytorch_1532579245307/work/aten/src/TH/THAllocator.c:226\n")
+    report = explain_text(tmp_path, text)
+    top = [f.cause for f in report.findings[:3]]
+    assert top[:1] == ["oom.shm"] and "env.open_files" in top, describe(report)

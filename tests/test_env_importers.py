@@ -101,6 +101,16 @@ def test_nvidia_smi_580_table():
     assert causes(s) == {"oom.other_process"}
 
 
+def test_nvidia_smi_530_table_persistence_cell_without_blank_and_mig_on():
+    # R530 closes the Persistence-M cell with no blank before the bar (`Off| 0000...`); the row is read
+    s = load_snapshot(str(ENV / "nvidia_smi_530_a100_mig_no_instances.txt"))
+    nv = s["nvidia"]
+    assert [(g["name"], g["mig_mode"], g["memory_total_bytes"] // 2**20) for g in nv["gpus"]] == [
+        ("NVIDIA A100-SXM4-80GB", "Enabled", 81920)]
+    assert not (s.get("meta") or {}).get("not_understood")
+    assert causes(s, severity=("error", "warning", "info")) == {"env.no_gpu_visible"}  # the MIG note
+
+
 def test_nvidia_smi_mismatch_text():
     s = load_snapshot(str(ENV / "nvidia_smi_mismatch.txt"))
     assert s["nvidia"]["library_version"] == "535.183"

@@ -112,6 +112,10 @@ WEB_FORMS = {
     "prompt-and-fence": lambda t: "```\nuser@gpu-box:~$ nvidia-smi\n" + t + "\n```",
     "notebook-prompt": lambda t: "In [3]: !python -m torch.utils.collect_env\n" + t,
     "lower-cased": lambda t: t.lower(),
+    # an issue or forum post: prose at column 0 (one line starting with the word GPU) around the report
+    # indented as a Markdown code block
+    "inside-prose-indented-4": lambda t: ("GPU is not used by my training script, output below:\n\n" + _indent(t, 4)
+                                          + "\n\nThanks for any hint. GPU driver was installed from the repo.\n"),
 }
 
 

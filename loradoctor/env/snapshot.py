@@ -254,7 +254,26 @@ def clean_paste(text: str) -> str:
     body = [ln.expandtabs(8) for ln in lines if ln.strip()]
     indent = min((len(ln) - len(ln.lstrip(" ")) for ln in body), default=0)
     lines = [ln.expandtabs(8)[indent:] if ln.strip() else "" for ln in lines]
-    return "\n".join(lines).strip("\n")
+    return "\n".join(_dedent_report(lines)).strip("\n")
+
+
+# The first line of a report: collect_env's, nvidia-smi -q's, nvidia-smi's table (its border or header)
+_REPORT_START = re.compile(r"^( +)(?:Collecting environment information|PyTorch version:|(?:==+\s*)?NVSMI LOG|"
+                           r"Attached GPUs\s*:|\+-{10,}|\|\s*NVIDIA-SMI \d|NVIDIA-SMI has failed|"
+                           r"Failed to initialize NVML)", re.I)
+
+
+def _dedent_report(lines: list[str]) -> list[str]:
+    """A report pasted as an indented block inside prose (a forum post, an issue: `I get this, output below:`
+    then the block indented by four): the prose keeps column 0, so the common indentation is none. Take the
+    indentation of the report's first line off every line indented at least as deep (the report's own nesting,
+    as in nvidia-smi -q, stays); the prose around it stays as it is."""
+    for ln in lines:
+        m = _REPORT_START.match(ln)
+        if m:
+            k = len(m.group(1))
+            return [ln[k:] if ln[:k].isspace() and len(ln) >= k else ln for ln in lines]
+    return lines
 
 
 def _not_understood(snap: dict, what: str) -> None:
@@ -387,7 +406,8 @@ def _norm(name: str) -> str:
 
 SMI_ROW_MAX_CHARS = 400  # far past any real row of the nvidia-smi table (R470 to R580: 79 to 91 characters)
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+CUDA Version:\s*([\d.]+|N/A)", re.I)
-_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
+# R525-R535 tables close the Persistence-M cell with no blank before the bar (`... A100-SXM4-80GB   Off| 0000...`)
+_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
 _SMI_USE_ROW = re.compile(
     r"^\|\s*(\S+)\s+(\d+)C\s+(P\d+|\S+)\s+(?:(\d+)W\s*/\s*(\d+)W|N/A\s*/\s*N/A|\S+\s*/\s*\S+)?\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|", re.I)
 _SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|", re.I)
@@ -534,7 +554,9 @@ def import_nvidia_smi_q(text: str) -> dict:
     for indent, key, value in rows:
         while path and path[-1][0] >= indent:
             path.pop()
-        if indent == 0 and key.startswith("GPU ") and value is None:
+        # a GPU section opens with its bus id (`GPU 00000000:07:00.0`); prose around a pasted block that starts
+        # with the word (`GPU is not usable ...`) is no GPU
+        if indent == 0 and value is None and re.fullmatch(r"GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]", key.strip()):
             gpu = {"index": len(nv["gpus"]), "bus_id": key[4:].strip(), "processes": [], "throttle_reasons": []}
             nv["gpus"].append(gpu)
             path = []
