@@ -161,8 +161,8 @@ def _builtin_rules(folder: Path) -> tuple[list[Rule], list[str]]:
     return rules, problems
 
 
-CACHE_FORMAT = 5  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals; 4: a fix may carry when / unless;
-# 5: when_facts / when_needs_a_fact)
+CACHE_FORMAT = 6  # bump when _rule_data changes shape (2: outranks; 3: pattern_literals; 4: a fix may carry when / unless;
+# 5: when_facts / when_needs_a_fact; 6: exclude_prefilter)
 
 
 def _rule_data(rule: Rule) -> dict:
@@ -237,7 +237,7 @@ def _rules_from_data(data: object) -> "list[Rule] | None":
                 id=d["id"], cause=d["cause"], title=d["title"], severity=d["severity"],
                 confidence=float(d["confidence"]), summary=d["summary"], patterns=list(d["patterns"]),
                 prefilter=list(d["prefilter"]), require_all=list(d["require_all"]), exclude=list(d["exclude"]),
-                when=d["when"], facts=list(d["facts"]),
+                exclude_prefilter=list(d["exclude_prefilter"]), when=d["when"], facts=list(d["facts"]),
                 fixes=[Fix(text=f["text"], command=f["command"]) for f in d["fixes"]],
                 fix_when=[f.get("when") for f in d["fixes"]], fix_unless=[f.get("unless") for f in d["fixes"]],
                 repro=d["repro"], consequence_of=list(d["consequence_of"]), outranks=list(d["outranks"]),

@@ -27,6 +27,8 @@ class Rule:
     prefilter: list[str] = field(default_factory=list)
     require_all: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
+    # literals for the exclude regexes (as `prefilter` is for the patterns); omitted: derived from each regex
+    exclude_prefilter: list[str] = field(default_factory=list)
     when: Optional[str] = None
     facts: list[str] = field(default_factory=list)
     fixes: list[Fix] = field(default_factory=list)
@@ -89,7 +91,8 @@ class Rule:
         return {
             "id": self.id, "cause": self.cause, "title": self.title, "severity": self.severity,
             "confidence": self.confidence, "patterns": self.patterns, "prefilter": self.prefilter,
-            "require_all": self.require_all, "exclude": self.exclude, "when": self.when, "facts": self.facts,
+            "require_all": self.require_all, "exclude": self.exclude, "exclude_prefilter": self.exclude_prefilter,
+            "when": self.when, "facts": self.facts,
             "summary": self.summary, "fixes": [_fix_dict(f, w, u) for f, w, u in zip(self.fixes, self.fix_when or [None] * len(self.fixes),
                                                            self.fix_unless or [None] * len(self.fixes))],
             "repro": self.repro, "consequence_of": self.consequence_of, "outranks": self.outranks,
@@ -171,7 +174,8 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         id=data["id"], cause=data["cause"], title=data["title"], severity=data["severity"],
         confidence=confidence, summary=data["summary"], patterns=list(data.get("patterns", [])),
         prefilter=list(data.get("prefilter", [])), require_all=list(data.get("require_all", [])),
-        exclude=list(data.get("exclude", [])), when=data.get("when"), facts=list(data.get("facts", [])),
+        exclude=list(data.get("exclude", [])), exclude_prefilter=list(data.get("exclude_prefilter", [])),
+        when=data.get("when"), facts=list(data.get("facts", [])),
         fixes=[Fix(text=f["text"], command=f.get("command")) for f in data.get("fixes", [])] or _catalogue_fixes(data["cause"]),
         fix_when=[f.get("when") for f in data.get("fixes", [])],
         fix_unless=[f.get("unless") for f in data.get("fixes", [])],
@@ -200,10 +204,13 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
     if rule.patterns:
         rule.literals, found = _literals_for(rule.patterns, rule.prefilter, "patterns")
         problems.extend(found)
+    if rule.exclude_prefilter and not rule.exclude:
+        problems.append("exclude_prefilter: there is no exclude regex to prefilter")
     for fname, target in (("require_all", "require_literals"), ("exclude", "exclude_literals")):
         per = []
+        explicit = rule.exclude_prefilter if fname == "exclude" else []
         for i, p in enumerate(getattr(rule, fname)):
-            lits, found = _literals_for([p], [], f"{fname}[{i}]")
+            lits, found = _literals_for([p], explicit, f"{fname}[{i}]" if not explicit else "exclude_prefilter")
             problems.extend(found)
             per.append(lits)
         setattr(rule, target, per)
