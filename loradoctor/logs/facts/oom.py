@@ -373,10 +373,15 @@ _ANY_BAR_RE = lazy_re(rb"(?:^|[\r\n])([^\r\n%]{0,120}?)(\d{1,3})%\s*(?:\|[^|\r\n
 _EVAL_BAR_DESC_RE = lazy_re(rb"(?i)(?:\b|_)(?:eval\w*|valid\w*|sanity checking)\b")
 
 
+# the description of transformers' bar while it loads the weights (`Loading checkpoint shards:  41%|...| 78/191`)
+_LOAD_BAR_DESC_RE = lazy_re(rb"(?i)\bloading checkpoint shards\b")
+
+
 def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[str]:
     """`eval` when the last progress bar before `end` (any description) is an evaluation loop's, cut
-    short of its total: the OOM interrupted that loop. None otherwise (a training bar, a finished eval
-    bar, no bar)."""
+    short of its total: the OOM interrupted that loop; `load` when it is transformers' checkpoint-shards
+    bar cut short (the OOM came while the weights were loading). None otherwise (a training bar, a
+    finished bar, no bar)."""
     last = None
     for last in _ANY_BAR_RE.finditer(block, max(0, end - window), end):
         pass
@@ -385,7 +390,9 @@ def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[s
     n, total = _bounded_int(last.group(3).decode(), MAX_ID), _bounded_int(last.group(4).decode(), MAX_ID)
     if n is None or total is None or n >= total:
         return None
-    return "eval" if _EVAL_BAR_DESC_RE.search(last.group(1)) else None
+    if _EVAL_BAR_DESC_RE.search(last.group(1)):
+        return "eval"
+    return "load" if _LOAD_BAR_DESC_RE.search(last.group(1)) else None
 
 
 def _records_before_line(block: bytes, line_in_block: int) -> int:
@@ -439,8 +446,9 @@ class OomExtractor(Extractor):
         if not self._bar_located and _says_oom(text):
             # any form, the bare `CUDA error: out of memory` too: the loop whose bar it interrupted
             self._bar_located = True
-            if position.bar_phase() == "eval":
-                self.sink.values["oom.bar_phase"] = "eval"
+            phase = position.bar_phase()
+            if phase is not None:
+                self.sink.values["oom.bar_phase"] = phase
         if self._located:
             return
         if _says_oom(text) and parse_oom_message(text) is not None:
