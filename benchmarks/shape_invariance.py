@@ -4,6 +4,7 @@ fixture is pasted in that shape. The numbers go into docs/explain.md ("Pasted sh
     python benchmarks/shape_invariance.py [--stride N] [--offset K] [--json OUT] [--shapes a,b,c+d]
 
 --stride N keeps every Nth fixture (deterministic), for a quick reading; the default is all of them.
+--pastes reads the real-paste rounds (fixtures/pastes/, already in a real shape) instead of the rule fixtures.
 --shapes picks shapes; `a+b` is a composed shape (a, then b: `markdown+lower` is a rendered page whose
 text was then lower-cased), as real pastes often carry two at once.
 """
@@ -28,6 +29,10 @@ from loradoctor.logs import engine  # noqa: E402
 
 def positive_fixtures() -> list[Path]:
     return sorted(p for p in (ROOT / "fixtures" / "logs").glob("*/pos-*"))
+
+
+def real_pastes() -> list[Path]:
+    return sorted(p for p in (ROOT / "fixtures" / "pastes").rglob("*") if p.is_file() and p.suffix != ".yaml")
 
 
 def read_files(path: Path) -> dict[str, str]:
@@ -68,9 +73,10 @@ def main() -> int:
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--json")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--pastes", action="store_true", help="the real-paste rounds instead of the rule fixtures")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
-    fixtures = positive_fixtures()[args.offset::args.stride]
+    fixtures = (real_pastes() if args.pastes else positive_fixtures())[args.offset::args.stride]
     changed: Counter = Counter()
     tried: Counter = Counter()
     details: list[dict] = []

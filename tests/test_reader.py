@@ -458,6 +458,10 @@ def test_a_line_of_percent_encoded_spaces_is_decoded(tmp_path):
     assert unquote_spaces(kept) == kept
     plain = b"RuntimeError: CUDA error: out of memory\n"
     assert unquote_spaces(plain) is plain
+    # behind a paste's prefix (a reply's quote, a compose service, a line number): the run itself is decoded
+    for prefix in (b"> ", b"trainer-1  | ", b"  12  "):
+        assert unquote_spaces(prefix + b"libtorch_cuda.so:%20undefined%20symbol:%20x\n") == \
+            prefix + b"libtorch_cuda.so: undefined symbol: x\n"
     log = tmp_path / "url.log"
     log.write_text("import error\n\nlibtorch_cuda.so:%20undefined%20symbol:%20ncclCommRegister\n", encoding="utf-8")
     report = explain([str(log)])
@@ -583,10 +587,13 @@ def test_unquote_spaces_looks_only_at_lines_with_a_percent_20_and_answers_as_lin
     every line on its own gives, on random blocks of the pieces that matter."""
     import random
 
-    from loradoctor.logs.reader import unquote_spaces
+    from loradoctor.logs.reader import normalise, unquote_spaces
+
+    def one_run(line: bytes) -> bool:  # no space, or none once normalise() peeled a paste's prefix
+        return b" " not in line.strip() or (b"\r" not in line and " " not in normalise(line.decode("utf-8", "replace"))[0])
 
     def line_by_line(block: bytes) -> bytes:
-        return b"\n".join(line.replace(b"%20", b" ") if line.count(b"%20") >= 2 and b" " not in line.strip()
+        return b"\n".join(line.replace(b"%20", b" ") if line.count(b"%20") >= 2 and one_run(line)
                           and b"://" not in line else line for line in block.split(b"\n"))
 
     rng = random.Random(7)

@@ -417,7 +417,7 @@ def unquote_spaces(block: bytes) -> bytes:
         end = block.find(b"\n", at)
         end = len(block) if end < 0 else end
         line = block[start:end]
-        if line.count(b"%20") >= 2 and b" " not in line.strip() and b"://" not in line:
+        if line.count(b"%20") >= 2 and b"://" not in line and _one_run(line):
             pieces += [block[done:start], line.replace(b"%20", b" ")]
             done = end
         at = block.find(b"%20", end)
@@ -425,6 +425,15 @@ def unquote_spaces(block: bytes) -> bytes:
         return block
     pieces.append(block[done:])
     return b"".join(pieces)
+
+
+def _one_run(line: bytes) -> bool:
+    """The line is one run without spaces once a paste's prefix is peeled (a reply's `> `, a prompt, a line
+    number, a container's or logger's prefix: normalise() peels them as it does for every line)."""
+    if b" " not in line.strip():
+        return True
+    # (a `\r` redraw: normalise keeps the last segment, and the line is more than that run)
+    return b"\r" not in line and " " not in normalise(line.decode("utf-8", "replace"))[0]
 
 
 # A log that went through a word processor or chat app (Word, WeChat, Notion) has typographic quotes:
