@@ -14,6 +14,7 @@ import pytest
 from loradoctor.env import snapshot
 from loradoctor.logs.facts import aggregate, config, dist, frames, host, memsum, metrics, oom, prose, smi, trace, xid
 from loradoctor.logs.facts.collector import Dispatch, FactCollector
+from loradoctor.logs import reader
 from loradoctor.logs.reader import make_line
 
 # per extractor: the regexes that recognise a record from one line, with nothing open yet (the
@@ -55,9 +56,20 @@ def _corpus_lines() -> list[str]:
     for path in sorted(glob.glob("fixtures/**/*", recursive=True)):
         if not os.path.isfile(path) or path.endswith((".gz", ".bz2", ".xz", ".zst", ".zip", ".json", ".yaml", ".yml")):
             continue
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines.extend(fh.read().replace("\r", "\n").split("\n"))
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if reader.is_lowered(data[:1 << 20]):
+            # a paste lower-cased as a whole reaches the extractors with the vocabulary's case given back
+            data = _recaser().recase(data)
+        lines.extend(data.decode("utf-8", "replace").replace("\r", "\n").split("\n"))
     return lines
+
+
+def _recaser() -> "reader.Recaser":
+    from loradoctor.logs.engine import recaser_for
+    from loradoctor.logs.rules import load_rules
+
+    return recaser_for(load_rules())
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ class TraceExtractor(Extractor):
     and location, and the location of the traceback that ends the first OOM."""
 
     TRIGGERS = (
-        ("Traceback", False), ('File "', False), ("File \u201c", False), ("File \u201d", False), ("File '", False),
+        ("Traceback", False), ('File "', True), ("File \u201c", True), ("File \u201d", True), ("File '", True),
         (".py:", False), (".py in ", False), ("Error", False),
         ("Exception", False), ("KeyboardInterrupt", False),
         # notebook cells (`Cell In[7], line 3`, `Input In [7], in <cell line: 1>()`, `<ipython-input-7-…> in f()`)
