@@ -476,7 +476,10 @@ def is_lowered(sample: bytes) -> bool:
 # the tokenizer ...` as the first line, then prose with capitals. The input is not lower-cased as a whole (its
 # rules keep their case), so only that line gets the vocabulary's case back; and only a title that names an
 # error (the vocabulary is built on demand, ~0.2 s, not for every log whose first line is lower-case).
-_TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed")
+# (a message without its exception name names the error in other words: `use_libuv was requested but pytorch
+# was built without libuv support`, `... is not supported on this gpu`, `torch not compiled with cuda enabled`)
+_TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed", b"requested but", b"not supported",
+                      b"not compiled")
 _NONBLANK_RE = lazy_re(rb"[^ \t\r\n]")
 
 

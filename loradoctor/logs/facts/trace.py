@@ -66,7 +66,8 @@ class TraceExtractor(Extractor):
             "evaluate(", "evaluation_loop(", "prediction_step(", "predict(", "prediction_loop(", "nested_concat(",
             "_nested_gather(", "gather_for_metrics(", "eval_step(", "_evaluation_step(", "_run_sanity_check(",
             "validate(", "log_validation(", "sample_images(", "sample_image_inference(", "validation_step(",
-            "generate(", "sample(", "greedy_search(", "beam_search(", "_assisted_decoding(", "_contrastive_search(")),
+            "generate(", "sample(", "greedy_search(", "beam_search(", "_assisted_decoding(", "_contrastive_search(",
+            "generate_image(", "denoise(")),
         # rich traceback box lines (a frame wrapped onto two of them)
         ("│", False),
     )
