@@ -641,7 +641,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     lines = sample.decode("utf-8", "replace").split("\n")
     if not sample.endswith(b"\n"):
         lines.pop()  # a cut last line says nothing
-    counted = [line for line in lines if _wrappable(line)]
+    counted = [line for line in lines if _wrappable(line) or _glued_after_bar(line)]
     if not counted:
         return None
     width = max(len(line) for line in counted)
@@ -654,13 +654,13 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     full_lines: set[str] = set()
     cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
-        if len(line) != width or not _wrappable(line):
+        if len(line) != width or not (_wrappable(line) or _glued_after_bar(line)):
             continue
         full_lines.add(line)
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         # a wrap that fell just before a space leaves that one space at the head of the next line
         # (`... could not be found. Error` + ` loading "...\torch\lib\c10.dll"`); an indented line has more
-        if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt)) and \
+        if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt) or _row_rest(line, nxt)) and \
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
             cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
@@ -682,6 +682,17 @@ def _one_space_head(line: str, nxt: str) -> bool:
     return nxt[:1] == " " and not nxt[1:2].isspace() and bool(nxt[1:2]) and not line[-1:].isspace()
 
 
+def _row_rest(line: str, nxt: str) -> bool:
+    """`nxt` is the rest of a table row that the wrap cut (`line` starts with a table edge and ends without
+    one, `nxt` ends with one and does not start a row): its padding may indent it (`> |  Fan  Temp ...` +
+    `     Compute M. |`)."""
+    rest = nxt.strip()
+    if not rest or rest[-1] not in _TABLE_EDGES or rest[0] in _TABLE_EDGES or line[-1:] in _TABLE_EDGES:
+        return False
+    head = _peel_head(line).lstrip()
+    return head[:1] in _TABLE_EDGES
+
+
 # str.translate table writing every digit as 0: lines that differ only in numbers compare equal
 DIGITS_BLIND = str.maketrans("123456789", "000000000")
 _DIGITS_BLIND_BYTES = bytes.maketrans(b"123456789", b"000000000")
@@ -697,13 +708,29 @@ def digits_blind(text: str) -> str:
 _TABLE_EDGES = "|│┃║+"
 
 
+def _peel_head(line: str) -> str:
+    """`line` without the prefixes a paste put before the log's own text (a reply's `> `, docker compose's
+    `trainer-1  | `, a kubelet or rank prefix, a line number; the trailing padding kept): a prefix added
+    before a console wrapped the paste is on the cut line and not on its continuation (`> | NVIDIA-SMI ...`
+    + `2.2     |`), and its own `|` is no table edge or bar. Peeled only where a prefix can hide one."""
+    if not any(c in line[:80] for c in _TABLE_EDGES) and line[:1] != ">":
+        return line
+    head = peel_table_line(line)[0]
+    trail = line[len(line.rstrip()):]
+    return head + trail if head else line
+
+
 def _wrappable(line: str) -> bool:
     """Lines that can be a hard wrap: not a progress bar (tqdm pads bars to the terminal width), not a
     `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width). A row
     that starts with a table edge and ends without one is a row cut by the wrap (an 89-column nvidia-smi
-    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`)."""
+    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`). The paste's
+    prefixes (`> `, `trainer-1  | `) are peeled first (_peel_head)."""
+    if not line.strip() or "\r" in line:
+        return False
+    line = _peel_head(line)
     stripped = line.strip()
-    if not stripped or "\r" in line:
+    if not stripped:
         return False
     if "%|" in line:
         # a bar is padded to the width, not wrapped, unless the wrap cut it inside its `[00:02<03:58, 5.00it/s,
@@ -721,6 +748,7 @@ def _glued_after_bar(line: str) -> bool:
     (a bar alone, or a table row, stays unjoined)."""
     if "\r" in line or "%|" not in line:
         return False
+    line = _peel_head(line)  # compose's `trainer-1  | ` is no bar edge
     m = _BAR_RE.match(line)
     rest = line[m.end():].strip() if m else ""
     return bool(rest) and rest[-1] not in _TABLE_EDGES
