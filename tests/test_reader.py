@@ -242,6 +242,10 @@ def test_markdown_quote_markers_are_peeled():
     text, original, rank, _, _ = normalise("> [rank1]: torch.OutOfMemoryError: CUDA out of memory.")
     assert text == "torch.OutOfMemoryError: CUDA out of memory." and rank == 1
     assert normalise(">>   File \"x.py\", line 1")[0] == 'File "x.py", line 1'
+    # a numbered view of a reply: the line number, then the quote marker
+    assert normalise("  12  > RuntimeError: CUDA error: out of memory")[0] == "RuntimeError: CUDA error: out of memory"
+    assert reader.peel_table_line("   6  > | NVIDIA-SMI 535.183.01     Driver Version: 535.183.01 |")[0] \
+        == "| NVIDIA-SMI 535.183.01     Driver Version: 535.183.01 |"
 
 
 @pytest.mark.parametrize("line,rank", [

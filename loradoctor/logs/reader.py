@@ -715,7 +715,9 @@ def _peel_head(line: str) -> str:
     + `2.2     |`), and its own `|` is no table edge or bar. Peeled only where a prefix can hide one."""
     if not any(c in line[:80] for c in _TABLE_EDGES) and line[:1] != ">":
         return line
-    head = peel_table_line(line)[0]
+    head = peel_table_line(line)[0].lstrip()
+    if head[:1] == ">":  # a quote behind a collector's prefix or an indent (`    > | NVIDIA-SMI ...`)
+        head = _QUOTE_RE.sub("", head, count=1).lstrip()
     trail = line[len(line.rstrip()):]
     return head + trail if head else line
 
@@ -1075,9 +1077,10 @@ _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label. A version
 # (`  10  2.4.1+cpu`: two dots) or a CSV row (`   4  0, NVIDIA GeForce RTX 3090, 92, ...`: a number and a
-# comma) is no table cell: the line number before it is peeled
+# comma) is no table cell: the line number before it is peeled (and a reply's `> ` after it: a numbered view
+# of a quoted paste)
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<>'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
                            r"(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
@@ -1100,6 +1103,8 @@ def peel_table_line(raw: str, numbered: Optional[bool] = None) -> tuple[str, boo
         m = (_PASTE_PREFIX_RE if numbered is None else _LINE_NUMBER_RE).match(raw)
         if m and m.end():
             raw, had_number = raw[m.end():], not raw.startswith("In [")
+            if raw[:1] == ">":  # a numbered view of a reply: `   6  > | NVIDIA-SMI 535.183.01 ...`
+                raw = _QUOTE_RE.sub("", raw, count=1)
     return strip_prefixes(raw.rstrip())[0], had_number
 
 
@@ -1111,6 +1116,8 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
         raw = _QUOTE_RE.sub("", raw, count=1)
     if raw[:1] in _PASTE_PREFIX_STARTS:
         raw = _PASTE_PREFIX_RE.sub("", raw, count=1)
+        if raw[:1] == ">":  # a numbered view of a reply (`  12  > RuntimeError: ...`)
+            raw = _QUOTE_RE.sub("", raw, count=1)
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()
