@@ -583,3 +583,21 @@ def test_unquote_spaces_looks_only_at_lines_with_a_percent_20_and_answers_as_lin
     for _ in range(5000):
         block = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         assert unquote_spaces(block) == line_by_line(block), block
+
+
+@pytest.mark.parametrize("head, tail, whole", [
+    # rich word-wraps a frame's header at the box edge: the name alone on the next box line
+    ("/x/deepspeed/accelerator/cuda_accelerator.py:296 in", "pin_memory",
+     "/x/deepspeed/accelerator/cuda_accelerator.py:296 in pin_memory"),
+    ("/x/transformers/trainer.py:1885", "in train", "/x/transformers/trainer.py:1885 in train"),
+    ("/x/transformers/trainer.py:", "1885 in train", "/x/transformers/trainer.py:1885 in train"),
+])
+def test_a_rich_frame_header_wrapped_in_its_box_is_completed_on_its_first_line(tmp_path, head, tail, whole):
+    box = [f"│ {head.ljust(60)} │", f"│ {tail.ljust(60)} │", f"│ {'':60} │"]
+    log = tmp_path / "rich.log"
+    log.write_text("\n".join(box) + "\nRuntimeError: CUDA error: out of memory\n", encoding="utf-8")
+    lines = lines_of(log)
+    assert [line.text for line in lines[:2]] == [whole, tail] and len(lines) == 4
+    # a complete header, and the blank box line after it, are left alone
+    assert reader.rejoin_rich_headers("\n".join([box[2], f"│ {whole} │", box[2]]).encode()) \
+        == "\n".join([box[2], f"│ {whole} │", box[2]]).encode()

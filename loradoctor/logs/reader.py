@@ -806,6 +806,8 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     case: Optional[Recaser] = None
     for block in _raw_blocks(item, block_bytes, first_block_bytes):
         block = unquote_spaces(straighten_quotes(unescape_html(block)))
+        if _BOX_BAR in block and b".py:" in block:
+            block = rejoin_rich_headers(block)
         if first:
             first = False
             if recaser is not None and is_lowered(block[:1 << 20]):
@@ -835,6 +837,38 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             yield joined, joins
     if carry:
         yield carry, []
+
+
+# A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
+# then `│ pin_memory │`; also after the colon or the line number): the function's name is completed on the
+# header line (the name's own line is kept), so that a rule's `in pin_memory` frame pattern reads it as it reads
+# any other dialect. facts/frames.py reads the two box lines as one frame either way.
+_BOX_BAR = "│".encode("utf-8")
+_RICH_HEAD_B_RE = lazy_re(rb"^(.*?\xe2\x94\x82 ?)(\S[^\r\n]*?\.py:(?:\d+( in)?)?)( *\xe2\x94\x82[ \t\r]*)$")
+_RICH_TAIL_B_RE = (lazy_re(rb"^.*?\xe2\x94\x82 ?(\d+ in [\w<>.]+) *\xe2\x94\x82[ \t\r]*$"),  # after `path.py:`
+                   lazy_re(rb"^.*?\xe2\x94\x82 ?(in [\w<>.]+) *\xe2\x94\x82[ \t\r]*$"),  # after `path.py:296`
+                   lazy_re(rb"^.*?\xe2\x94\x82 ?([\w<>.]+) *\xe2\x94\x82[ \t\r]*$"))  # after `path.py:296 in`
+
+
+def rejoin_rich_headers(block: bytes) -> bytes:
+    """Every rich frame header wrapped onto two box lines completed on its first (same number of lines)."""
+    lines = block.split(b"\n")
+    changed = False
+    for i in range(len(lines) - 1):
+        line = lines[i]
+        if b".py:" not in line or _BOX_BAR not in line:
+            continue
+        m = _RICH_HEAD_B_RE.match(line)
+        if m is None:
+            continue
+        head = m.group(2)
+        form = 2 if m.group(3) else (1 if head[-1:].isdigit() else 0)
+        t = _RICH_TAIL_B_RE[form].match(lines[i + 1])
+        if t is None:
+            continue
+        lines[i] = m.group(1) + head + (b"" if form == 0 else b" ") + t.group(1) + m.group(4)
+        changed = True
+    return b"\n".join(lines) if changed else block
 
 
 def _recased_crosses(crosses: Callable[[str, str], bool], case: "Recaser", left: str, right: str) -> bool:
