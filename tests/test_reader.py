@@ -367,6 +367,11 @@ def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
     assert len(glued) == 80
     joined, joins, tail = join_wrapped((glued + "\nol not found at line 117\n").encode(), 80)
     assert joined == (glued + "ol not found at line 117\n").encode() and joins == [80] and tail == b""
+    # a bar cut inside its counter, before its `[...]` (tqdm ends every bar with one)
+    counter = "2024-05-01T10:00:00.123Z stdout F Loading checkpoint shards:   0%|          | 0/"
+    assert len(counter) == 80
+    joined, joins, tail = join_wrapped((counter + "\n3 [00:00<?, ?it/s]KeyError: 'qwen3'\n").encode(), 80)
+    assert joins == [80]
     alone = "Loading checkpoint shards:  50%|█████     | 1/2 [00:21<00:21, 10.77s/it]".ljust(80)
     boxed = ("Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s] | x" + " " * 80)[:79] + "|"
     for line in (alone, boxed):
@@ -601,3 +606,11 @@ def test_a_rich_frame_header_wrapped_in_its_box_is_completed_on_its_first_line(t
     # a complete header, and the blank box line after it, are left alone
     assert reader.rejoin_rich_headers("\n".join([box[2], f"│ {whole} │", box[2]]).encode()) \
         == "\n".join([box[2], f"│ {whole} │", box[2]]).encode()
+
+
+def test_a_wrapped_line_that_ends_the_input_is_rejoined_whole(tmp_path):
+    """The continuation of a hard-wrapped line can itself be full width and be the input's last line: the lines
+    joined to it are carried with it, and the last block joins them (they were left cut in two)."""
+    log = tmp_path / "wrapped.log"
+    log.write_text("A" * 80 + "\ntail one\n" + "B" * 80 + "\n" + "C" * 80 + "\n", encoding="utf-8")
+    assert [line.text for line in lines_of(log)] == ["A" * 80 + "tail one", "B" * 80 + "C" * 80]

@@ -706,6 +706,8 @@ def digits_blind(text: str) -> str:
 
 
 _TABLE_EDGES = "|│┃║+"
+# a tqdm bar that ends inside its `| n/total` counter (no `[elapsed<remaining, rate]` after it yet)
+_BAR_COUNTER_CUT_RE = lazy_re(r"\|[^|]*\|\s*\d+(?:\.\d+)?[kKMG]?(?:/(?:\d+(?:\.\d+)?[kKMG]?)?)?$")
 
 
 def _peel_head(line: str) -> str:
@@ -736,9 +738,11 @@ def _wrappable(line: str) -> bool:
         return False
     if "%|" in line:
         # a bar is padded to the width, not wrapped, unless the wrap cut it inside its `[00:02<03:58, 5.00it/s,
-        # train_loss=` bracket (a bar with a long postfix in a narrower console)
+        # train_loss=` bracket (a bar with a long postfix in a narrower console), or before it, in its counter
+        # (`  0%|          | 0/` + `3 [00:00<?, ?it/s]`: tqdm ends every bar with its `[...]`)
         bar = line[line.find("%|"):]
-        return bar.rfind("[") > bar.rfind("]") and not line[-1:].isspace()
+        cut = bar.rfind("[") > bar.rfind("]") or bool(_BAR_COUNTER_CUT_RE.search(bar))
+        return cut and not line[-1:].isspace()
     if stripped[0] in _TABLE_EDGES:  # a row: cut when its last character (padding included) is no edge
         return line.rstrip("\r\n")[-1] not in _TABLE_EDGES
     return stripped[-1] not in _TABLE_EDGES
@@ -756,12 +760,16 @@ def _glued_after_bar(line: str) -> bool:
     return bool(rest) and rest[-1] not in _TABLE_EDGES
 
 
-def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
+def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = False) -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
-    to put before the next block (a full-width last line whose continuation is there)."""
+    to put before the next block (a full-width last line whose continuation is there, with the full-width
+    lines before it that it continues). `final`: no block follows (the tail is joined here, not carried)."""
     lines = (carry + block).split(b"\n")
     tail = lines.pop()  # b"" when the block ends with a newline
+    if final and tail:
+        lines.append(tail)  # the input's last line, without its newline
+        tail = b""
     out: list[bytes] = []
     joins: list[int] = []
     at = 0
@@ -769,7 +777,17 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, l
         text = line.decode("utf-8", "replace") if len(line) >= width else ""
         full = len(text) == width and (_wrappable(text) or _glued_after_bar(text))
         if full and i == len(lines) - 1:
-            tail = line + b"\n" + tail  # it continues in the next block
+            if final:  # the last line of the input: nothing continues it
+                out.append(line + b"\n")
+                break
+            # it continues in the next block, and so do the full-width lines joined to it
+            pending = line
+            while joins and joins[-1] == at:
+                prev = out.pop()
+                joins.pop()
+                at -= len(prev)
+                pending = prev + b"\n" + pending
+            tail = pending + b"\n" + tail
             break
         if full:
             out.append(line)
@@ -836,7 +854,8 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if joined:
             yield joined, joins
     if carry:
-        yield carry, []
+        joined, joins, _ = join_wrapped(b"", width, carry, final=True)
+        yield joined, joins
 
 
 # A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
