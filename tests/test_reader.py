@@ -607,10 +607,3 @@ def test_a_rich_frame_header_wrapped_in_its_box_is_completed_on_its_first_line(t
     assert reader.rejoin_rich_headers("\n".join([box[2], f"│ {whole} │", box[2]]).encode()) \
         == "\n".join([box[2], f"│ {whole} │", box[2]]).encode()
 
-
-def test_a_wrapped_line_that_ends_the_input_is_rejoined_whole(tmp_path):
-    """The continuation of a hard-wrapped line can itself be full width and be the input's last line: the lines
-    joined to it are carried with it, and the last block joins them (they were left cut in two)."""
-    log = tmp_path / "wrapped.log"
-    log.write_text("A" * 80 + "\ntail one\n" + "B" * 80 + "\n" + "C" * 80 + "\n", encoding="utf-8")
-    assert [line.text for line in lines_of(log)] == ["A" * 80 + "tail one", "B" * 80 + "C" * 80]

@@ -760,16 +760,12 @@ def _glued_after_bar(line: str) -> bool:
     return bool(rest) and rest[-1] not in _TABLE_EDGES
 
 
-def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = False) -> tuple[bytes, list[int], bytes]:
+def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
-    to put before the next block (a full-width last line whose continuation is there, with the full-width
-    lines before it that it continues). `final`: no block follows (the tail is joined here, not carried)."""
+    to put before the next block (a full-width last line whose continuation is there)."""
     lines = (carry + block).split(b"\n")
     tail = lines.pop()  # b"" when the block ends with a newline
-    if final and tail:
-        lines.append(tail)  # the input's last line, without its newline
-        tail = b""
     out: list[bytes] = []
     joins: list[int] = []
     at = 0
@@ -777,17 +773,7 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = Fal
         text = line.decode("utf-8", "replace") if len(line) >= width else ""
         full = len(text) == width and (_wrappable(text) or _glued_after_bar(text))
         if full and i == len(lines) - 1:
-            if final:  # the last line of the input: nothing continues it
-                out.append(line + b"\n")
-                break
-            # it continues in the next block, and so do the full-width lines joined to it
-            pending = line
-            while joins and joins[-1] == at:
-                prev = out.pop()
-                joins.pop()
-                at -= len(prev)
-                pending = prev + b"\n" + pending
-            tail = pending + b"\n" + tail
+            tail = line + b"\n" + tail  # it continues in the next block
             break
         if full:
             out.append(line)
@@ -854,8 +840,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if joined:
             yield joined, joins
     if carry:
-        joined, joins, _ = join_wrapped(b"", width, carry, final=True)
-        yield joined, joins
+        yield carry, []
 
 
 # A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
