@@ -164,3 +164,45 @@ def test_no_sdpa_kernel_for_the_dtype_is_a_bf16_guess(tmp_path, text):
     top = explain_text(tmp_path, text).findings[0]
     assert top.rule == "guess" and top.cause == "env.bf16_unsupported"
     assert [d["cause"] for d in top.differential] == ["env.version_conflict", "env.arch_unsupported"]
+
+
+# An OOM inside from_pretrained. This process holds the card (23.30 of 23.55 GiB), so no other process is a
+# reading; nothing in the log says the model was to be quantized, so bitsandbytes is not one either (issue 10:
+# the load's 2nd and 3rd readings were another process and bitsandbytes whatever the log said).
+LOAD_FRAMES = ('Traceback (most recent call last):\n'
+               '  File "/home/u/train.py", line 12, in <module>\n'
+               '    model = AutoModelForCausalLM.from_pretrained(name, device_map="cuda")\n'
+               '  File "/venv/lib/python3.10/site-packages/transformers/modeling_utils.py", line 4200, in from_pretrained\n'
+               '    model = cls._load_pretrained_model(model, state_dict)\n')
+LOAD_OOM_OWN = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 500.00 MiB. GPU 0 has a total capacity of "
+                "23.55 GiB of which 200.00 MiB is free. Including non-PyTorch memory, this process has 23.30 GiB memory in "
+                "use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 150.00 MiB is reserved by PyTorch but "
+                "unallocated.\n")
+LOAD_OOM_SHARED = LOAD_OOM_OWN.replace("this process has 23.30 GiB", "this process has 21.80 GiB").replace(
+    "22.90 GiB is allocated", "21.40 GiB is allocated")
+
+
+def _load_readings(tmp_path, text: str) -> list[tuple[str, str]]:
+    report = explain_text(tmp_path, text)
+    assert report.findings[0].cause == "oom.model_load"
+    return [(d["cause"], d["tells_apart"]) for d in report.findings[0].differential]
+
+
+def test_a_load_oom_offers_bitsandbytes_only_when_the_log_shows_quantized_loading(tmp_path):
+    assert _load_readings(tmp_path, LOAD_FRAMES + LOAD_OOM_OWN) == []
+    quantized = "$ python train.py --model meta-llama/Llama-2-13b-hf --load_in_4bit True\n" + LOAD_FRAMES + LOAD_OOM_OWN
+    assert [c for c, _ in _load_readings(tmp_path, quantized)] == ["env.bnb_broken"]
+    # a package list naming bitsandbytes' version shows it installed, not the model loaded with it
+    listed = "bitsandbytes==0.43.1\ntransformers==4.44.2\n" + LOAD_FRAMES + LOAD_OOM_OWN
+    assert _load_readings(tmp_path, listed) == []
+
+
+def test_a_load_oom_offers_another_process_when_the_numbers_or_the_ranks_leave_room(tmp_path):
+    # 1.5 GiB in use that this process does not hold (too little for the other-process rules to name it first)
+    assert [c for c, _ in _load_readings(tmp_path, LOAD_FRAMES + LOAD_OOM_SHARED)] == ["oom.other_process"]
+    # several ranks and no numbers: each rank loading the whole model onto GPU 0
+    ranks = "".join(f"[rank{r}]: {line}\n" for r in (0, 1) for line in
+                    (LOAD_FRAMES + "torch.OutOfMemoryError: CUDA out of memory.\n").splitlines())
+    readings = _load_readings(tmp_path, ranks)
+    assert readings[0][0] == "oom.other_process" and "local_rank" in readings[0][1]
+    assert "env.bnb_broken" not in [c for c, _ in readings]

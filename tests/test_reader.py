@@ -242,6 +242,10 @@ def test_markdown_quote_markers_are_peeled():
     text, original, rank, _, _ = normalise("> [rank1]: torch.OutOfMemoryError: CUDA out of memory.")
     assert text == "torch.OutOfMemoryError: CUDA out of memory." and rank == 1
     assert normalise(">>   File \"x.py\", line 1")[0] == 'File "x.py", line 1'
+    # a numbered view of a reply: the line number, then the quote marker
+    assert normalise("  12  > RuntimeError: CUDA error: out of memory")[0] == "RuntimeError: CUDA error: out of memory"
+    assert reader.peel_table_line("   6  > | NVIDIA-SMI 535.183.01     Driver Version: 535.183.01 |")[0] \
+        == "| NVIDIA-SMI 535.183.01     Driver Version: 535.183.01 |"
 
 
 @pytest.mark.parametrize("line,rank", [
@@ -363,6 +367,11 @@ def test_a_wrap_that_starts_after_a_progress_bar_is_joined():
     assert len(glued) == 80
     joined, joins, tail = join_wrapped((glued + "\nol not found at line 117\n").encode(), 80)
     assert joined == (glued + "ol not found at line 117\n").encode() and joins == [80] and tail == b""
+    # a bar cut inside its counter, before its `[...]` (tqdm ends every bar with one)
+    counter = "2024-05-01T10:00:00.123Z stdout F Loading checkpoint shards:   0%|          | 0/"
+    assert len(counter) == 80
+    joined, joins, tail = join_wrapped((counter + "\n3 [00:00<?, ?it/s]KeyError: 'qwen3'\n").encode(), 80)
+    assert joins == [80]
     alone = "Loading checkpoint shards:  50%|█████     | 1/2 [00:21<00:21, 10.77s/it]".ljust(80)
     boxed = ("Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s] | x" + " " * 80)[:79] + "|"
     for line in (alone, boxed):
@@ -601,3 +610,22 @@ def test_unquote_spaces_looks_only_at_lines_with_a_percent_20_and_answers_as_lin
     for _ in range(5000):
         block = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         assert unquote_spaces(block) == line_by_line(block), block
+
+
+@pytest.mark.parametrize("head, tail, whole", [
+    # rich word-wraps a frame's header at the box edge: the name alone on the next box line
+    ("/x/deepspeed/accelerator/cuda_accelerator.py:296 in", "pin_memory",
+     "/x/deepspeed/accelerator/cuda_accelerator.py:296 in pin_memory"),
+    ("/x/transformers/trainer.py:1885", "in train", "/x/transformers/trainer.py:1885 in train"),
+    ("/x/transformers/trainer.py:", "1885 in train", "/x/transformers/trainer.py:1885 in train"),
+])
+def test_a_rich_frame_header_wrapped_in_its_box_is_completed_on_its_first_line(tmp_path, head, tail, whole):
+    box = [f"│ {head.ljust(60)} │", f"│ {tail.ljust(60)} │", f"│ {'':60} │"]
+    log = tmp_path / "rich.log"
+    log.write_text("\n".join(box) + "\nRuntimeError: CUDA error: out of memory\n", encoding="utf-8")
+    lines = lines_of(log)
+    assert [line.text for line in lines[:2]] == [whole, tail] and len(lines) == 4
+    # a complete header, and the blank box line after it, are left alone
+    assert reader.rejoin_rich_headers("\n".join([box[2], f"│ {whole} │", box[2]]).encode()) \
+        == "\n".join([box[2], f"│ {whole} │", box[2]]).encode()
+

@@ -248,17 +248,35 @@ class Matcher:
         """True when a rule's pattern matches the lines `left` + `right` joined across the cut and neither
         line alone: a line hard-wrapped through a rule's message (`... To avoid da` + `ta inconsistency, we
         are taking ...`, or a cut that fell just after a space: `... TensileLibrary.dat: No ` + `such file
-        ...`). `right` starts with text; `left` ends with text or one space after it (more is padding).
+        ...`, or just before one: `... Error loading` + ` "C:\\...\\torch\\lib"`), or a required frame cut in two.
+        `right` starts with text or one space; `left` ends with text or one space after it (more is padding).
+        The lines are read as the rules read them, with the paste's prefixes (`> `, `trainer-1  | `) peeled.
         Asked by reader.detect_wrap_width about the one or two full-width lines of a short paste; `right`
         is looked at up to CROSS_CHARS."""
-        if not left or not right or right[0].isspace() or left[-1:].isspace() and left[-2:-1].isspace():
+        if not left or not right or left[-1:].isspace() and left[-2:-1].isspace():
             return False
+        if right[0].isspace() and (right[0] != " " or right[1:2].isspace() or not right[1:2] or left[-1:].isspace()):
+            return False  # indented, not a wrap that fell just before one space (reader._one_space_head)
         right = right[:CROSS_CHARS]
         joined = left + right
-        for kind, i, _ in self.hits(joined):
-            if kind != "p":
+        hits = self.hits(joined)
+        if not any(kind in "pr" for kind, _, _ in hits):
+            return False
+        # the patterns read lines as the engine does, with the paste's prefixes peeled (a reply's `> `,
+        # compose's `trainer-1  | `: added before the console wrapped, so only `left` carries them)
+        text = reader.normalise(joined)[0]
+        tail = right.rstrip()
+        cut = len(text) - len(tail) if tail and text.endswith(tail) else -1
+        if cut > 0:
+            left, joined = text[:cut], text
+        for kind, i, j in hits:
+            if kind == "p":
+                patterns = self.rules[i].compiled_patterns
+            elif kind == "r":  # a required line (a library frame) cut in two: `.../cross_entro` + `py_loss.py in f()`
+                patterns = [self.rules[i].compiled_require[j]]
+            else:
                 continue
-            for pattern in self.rules[i].compiled_patterns:
+            for pattern in patterns:
                 m = pattern.search(joined)
                 if m and m.start() < len(left) < m.end() and not pattern.search(left) \
                         and not pattern.search(right):

@@ -29,6 +29,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
     # config
     "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size", "config.learning_rate",
+    "config.quantized",
     # xid
     "xid.count", "xid.numbers", "xid.first", "xid.pci", "xid.pid", "xid.process", "xid.fell_off_bus",
     # smi

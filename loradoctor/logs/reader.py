@@ -658,7 +658,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     lines = sample.decode("utf-8", "replace").split("\n")
     if not sample.endswith(b"\n"):
         lines.pop()  # a cut last line says nothing
-    counted = [line for line in lines if _wrappable(line)]
+    counted = [line for line in lines if _wrappable(line) or _glued_after_bar(line)]
     if not counted:
         return None
     width = max(len(line) for line in counted)
@@ -671,13 +671,13 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     full_lines: set[str] = set()
     cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
-        if len(line) != width or not _wrappable(line):
+        if len(line) != width or not (_wrappable(line) or _glued_after_bar(line)):
             continue
         full_lines.add(line)
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
         # a wrap that fell just before a space leaves that one space at the head of the next line
         # (`... could not be found. Error` + ` loading "...\torch\lib\c10.dll"`); an indented line has more
-        if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt)) and \
+        if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt) or _row_rest(line, nxt)) and \
                 nxt[:8].translate(DIGITS_BLIND) != line[:8].translate(DIGITS_BLIND):
             cut_lines.setdefault(line, nxt)
     full, cut = len(full_lines), len(cut_lines)
@@ -699,6 +699,17 @@ def _one_space_head(line: str, nxt: str) -> bool:
     return nxt[:1] == " " and not nxt[1:2].isspace() and bool(nxt[1:2]) and not line[-1:].isspace()
 
 
+def _row_rest(line: str, nxt: str) -> bool:
+    """`nxt` is the rest of a table row that the wrap cut (`line` starts with a table edge and ends without
+    one, `nxt` ends with one and does not start a row): its padding may indent it (`> |  Fan  Temp ...` +
+    `     Compute M. |`)."""
+    rest = nxt.strip()
+    if not rest or rest[-1] not in _TABLE_EDGES or rest[0] in _TABLE_EDGES or line[-1:] in _TABLE_EDGES:
+        return False
+    head = _peel_head(line).lstrip()
+    return head[:1] in _TABLE_EDGES
+
+
 # str.translate table writing every digit as 0: lines that differ only in numbers compare equal
 DIGITS_BLIND = str.maketrans("123456789", "000000000")
 _DIGITS_BLIND_BYTES = bytes.maketrans(b"123456789", b"000000000")
@@ -712,21 +723,43 @@ def digits_blind(text: str) -> str:
 
 
 _TABLE_EDGES = "|│┃║+"
+# a tqdm bar that ends inside its `| n/total` counter (no `[elapsed<remaining, rate]` after it yet)
+_BAR_COUNTER_CUT_RE = lazy_re(r"\|[^|]*\|\s*\d+(?:\.\d+)?[kKMG]?(?:/(?:\d+(?:\.\d+)?[kKMG]?)?)?$")
+
+
+def _peel_head(line: str) -> str:
+    """`line` without the prefixes a paste put before the log's own text (a reply's `> `, docker compose's
+    `trainer-1  | `, a kubelet or rank prefix, a line number; the trailing padding kept): a prefix added
+    before a console wrapped the paste is on the cut line and not on its continuation (`> | NVIDIA-SMI ...`
+    + `2.2     |`), and its own `|` is no table edge or bar. Peeled only where a prefix can hide one."""
+    if not any(c in line[:80] for c in _TABLE_EDGES) and line[:1] != ">":
+        return line
+    head = peel_table_line(line)[0].lstrip()
+    if head[:1] == ">":  # a quote behind a collector's prefix or an indent (`    > | NVIDIA-SMI ...`)
+        head = _QUOTE_RE.sub("", head, count=1).lstrip()
+    trail = line[len(line.rstrip()):]
+    return head + trail if head else line
 
 
 def _wrappable(line: str) -> bool:
     """Lines that can be a hard wrap: not a progress bar (tqdm pads bars to the terminal width), not a
     `\r` redraw, not a table row (memory_summary, nvidia-smi and rich boxes have rows of one width). A row
     that starts with a table edge and ends without one is a row cut by the wrap (an 89-column nvidia-smi
-    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`)."""
+    table in an 80-column console: `| NVIDIA-SMI 535.104.05 ... CUDA Version: 1` + `2.2     |`). The paste's
+    prefixes (`> `, `trainer-1  | `) are peeled first (_peel_head)."""
+    if not line.strip() or "\r" in line:
+        return False
+    line = _peel_head(line)
     stripped = line.strip()
-    if not stripped or "\r" in line:
+    if not stripped:
         return False
     if "%|" in line:
         # a bar is padded to the width, not wrapped, unless the wrap cut it inside its `[00:02<03:58, 5.00it/s,
-        # train_loss=` bracket (a bar with a long postfix in a narrower console)
+        # train_loss=` bracket (a bar with a long postfix in a narrower console), or before it, in its counter
+        # (`  0%|          | 0/` + `3 [00:00<?, ?it/s]`: tqdm ends every bar with its `[...]`)
         bar = line[line.find("%|"):]
-        return bar.rfind("[") > bar.rfind("]") and not line[-1:].isspace()
+        cut = bar.rfind("[") > bar.rfind("]") or bool(_BAR_COUNTER_CUT_RE.search(bar))
+        return cut and not line[-1:].isspace()
     if stripped[0] in _TABLE_EDGES:  # a row: cut when its last character (padding included) is no edge
         return line.rstrip("\r\n")[-1] not in _TABLE_EDGES
     return stripped[-1] not in _TABLE_EDGES
@@ -738,6 +771,7 @@ def _glued_after_bar(line: str) -> bool:
     (a bar alone, or a table row, stays unjoined)."""
     if "\r" in line or "%|" not in line:
         return False
+    line = _peel_head(line)  # compose's `trainer-1  | ` is no bar edge
     m = _BAR_RE.match(line)
     rest = line[m.end():].strip() if m else ""
     return bool(rest) and rest[-1] not in _TABLE_EDGES
@@ -798,6 +832,10 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if offset < UNQUOTE_BYTES:
             block = unquote_spaces(block)
         offset += size
+        # one memchr first: 0x94 is in every box-drawing bar (e2 94 xx) and in no tqdm bar cell (e2 96 xx),
+        # while searching for the bar's three bytes runs at ~1 GB/s on a log of progress bars
+        if b"\x94" in block and _BOX_BAR in block and b".py:" in block:
+            block = rejoin_rich_headers(block)
         if first:
             first = False
             if recaser is not None and is_lowered(block[:1 << 20]):
@@ -827,6 +865,38 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             yield joined, joins
     if carry:
         yield carry, []
+
+
+# A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
+# then `│ pin_memory │`; also after the colon or the line number): the function's name is completed on the
+# header line (the name's own line is kept), so that a rule's `in pin_memory` frame pattern reads it as it reads
+# any other dialect. facts/frames.py reads the two box lines as one frame either way.
+_BOX_BAR = "│".encode("utf-8")
+_RICH_HEAD_B_RE = lazy_re(rb"^(.*?\xe2\x94\x82 ?)(\S[^\r\n]*?\.py:(?:\d+( in)?)?)( *\xe2\x94\x82[ \t\r]*)$")
+_RICH_TAIL_B_RE = (lazy_re(rb"^.*?\xe2\x94\x82 ?(\d+ in [\w<>.]+) *\xe2\x94\x82[ \t\r]*$"),  # after `path.py:`
+                   lazy_re(rb"^.*?\xe2\x94\x82 ?(in [\w<>.]+) *\xe2\x94\x82[ \t\r]*$"),  # after `path.py:296`
+                   lazy_re(rb"^.*?\xe2\x94\x82 ?([\w<>.]+) *\xe2\x94\x82[ \t\r]*$"))  # after `path.py:296 in`
+
+
+def rejoin_rich_headers(block: bytes) -> bytes:
+    """Every rich frame header wrapped onto two box lines completed on its first (same number of lines)."""
+    lines = block.split(b"\n")
+    changed = False
+    for i in range(len(lines) - 1):
+        line = lines[i]
+        if b".py:" not in line or _BOX_BAR not in line:
+            continue
+        m = _RICH_HEAD_B_RE.match(line)
+        if m is None:
+            continue
+        head = m.group(2)
+        form = 2 if m.group(3) else (1 if head[-1:].isdigit() else 0)
+        t = _RICH_TAIL_B_RE[form].match(lines[i + 1])
+        if t is None:
+            continue
+        lines[i] = m.group(1) + head + (b"" if form == 0 else b" ") + t.group(1) + m.group(4)
+        changed = True
+    return b"\n".join(lines) if changed else block
 
 
 def _recased_crosses(crosses: Callable[[str, str], bool], case: "Recaser", left: str, right: str) -> bool:
@@ -1069,9 +1139,10 @@ _QUOTE_RE = lazy_re(r"^(?:> ?)+")  # markdown quote markers (and `>>> ` prompts)
 # or an IPython input prompt (`In [7]: trainer.train()`); not a notebook table row (`50  No log  0.69`,
 # `50  0.6931`, `100\tnan\tnan`: a number, nan or inf follows) nor srun's `3: ` rank label. A version
 # (`  10  2.4.1+cpu`: two dots) or a CSV row (`   4  0, NVIDIA GeForce RTX 3090, 92, ...`: a number and a
-# comma) is no table cell: the line number before it is peeled
+# comma) is no table cell: the line number before it is peeled (and a reply's `> ` after it: a numbered view
+# of a quoted paste)
 _PASTE_PREFIX_STARTS = frozenset("0123456789 \tI")
-_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
+_PASTE_PREFIX_RE = lazy_re(r"^(?:In \[\d+\]: |[ \t]{0,6}\d{1,5}(?:\t| {2,}| \| )(?=[A-Za-z_\[{(<>'\"/\\~.|+-]|\d{1,4}\.\d{1,4}\.\d|\d{1,5}, )"
                            r"(?!No log|nan\b|inf\b|NaN\b|-?inf\b))")
 
 
@@ -1094,6 +1165,8 @@ def peel_table_line(raw: str, numbered: Optional[bool] = None) -> tuple[str, boo
         m = (_PASTE_PREFIX_RE if numbered is None else _LINE_NUMBER_RE).match(raw)
         if m and m.end():
             raw, had_number = raw[m.end():], not raw.startswith("In [")
+            if raw[:1] == ">":  # a numbered view of a reply: `   6  > | NVIDIA-SMI 535.183.01 ...`
+                raw = _QUOTE_RE.sub("", raw, count=1)
     return strip_prefixes(raw.rstrip())[0], had_number
 
 
@@ -1105,6 +1178,8 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
         raw = _QUOTE_RE.sub("", raw, count=1)
     if raw[:1] in _PASTE_PREFIX_STARTS:
         raw = _PASTE_PREFIX_RE.sub("", raw, count=1)
+        if raw[:1] == ">":  # a numbered view of a reply (`  12  > RuntimeError: ...`)
+            raw = _QUOTE_RE.sub("", raw, count=1)
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()

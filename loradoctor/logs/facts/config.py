@@ -6,8 +6,12 @@ BitsAndBytesConfig / argument dump / YAML or JSON config echo; `config.gradient_
 torch/utils/checkpoint.py; `config.micro_batch_size`: the Trainer's `Instantaneous batch size per device = N`,
 `per_device_train_batch_size=N` or axolotl's `micro_batch_size: N`; `config.learning_rate`: the configured
 learning rate of a command line (`--learning_rate 3e-4`, `--learning_rate=0.003`), an argument dump or a config
-echo (`learning_rate: 0.0003`, `learning_rate=0.0003`), never a metric record's scheduled value. (bitsandbytes'
-4-bit frames are trace.bnb_4bit.)"""
+echo (`learning_rate: 0.0003`, `learning_rate=0.0003`), never a metric record's scheduled value;
+`config.quantized`: the log shows the model loaded (or meant to be loaded) quantized with bitsandbytes:
+`load_in_4bit` / `load_in_8bit` set, a BitsAndBytesConfig or quantization_config, `bnb_4bit_*` settings, a
+`-bnb-4bit` checkpoint, LLaMA-Factory's `quantization_bit`, QLoRA named, bitsandbytes named (not as a version in a
+package list) or its layers and loader functions in a traceback. (bitsandbytes' 4-bit compute frames are
+trace.bnb_4bit.)"""
 
 from __future__ import annotations
 
@@ -23,6 +27,16 @@ _FOUR_BIT_RE = lazy_re(r"load_in_4bit[\"']?\s*(?:[:=]\s*|\s)[\"']?(?:true|1)\b",
 _CHECKPOINTING_RE = lazy_re(r"(?<![\w.])gradient_checkpointing[\"']?\s*(?:[:=]\s*|\s)[\"']?(?:true|1)\b"
                                r"|is incompatible with gradient checkpointing"
                                r"|torch[/\\]utils[/\\]checkpoint\.py", re.I)
+
+# quantized loading shown (config.quantized): the settings, the config class, a pre-quantized checkpoint's name,
+# QLoRA named, bitsandbytes named (its warnings, its frames) but not as a version in a package list
+# (`bitsandbytes==0.43.1`, `bitsandbytes 0.43.1`, `bitsandbytes version: 0.43.1`), its layers and the loader's
+# quantizing functions; not `load_in_8bit=False`, not `quantization_config=None`
+_QUANTIZED_RE = lazy_re(r"load_in_[48]bit[\"']?\s*(?:[:=]\s*|\s)[\"']?(?:true|1)\b|BitsAndBytesConfig|"
+                           r"quantization_config[\"']?\s*[:=]\s*(?!None\b|null\b)[\w{(]|bnb_4bit_\w+[\"']?\s*[:=]|"
+                           r"\bbnb[-_][48]bit\b|quantization_bit[\"']?\s*(?:[:=]\s*|\s)[48]\b|(?<![a-z])q-?lora(?![a-z])|"
+                           r"bitsandbytes(?!(?:\s+version)?\s*(?:[=<>~!]=|:|\s)\s*v?\d)|\bLinear[48]bit(?:Lt)?\b|"
+                           r"\bParams4bit\b|replace_with_bnb_linear|create_quantized_param", re.I)
 
 # `  Instantaneous batch size per device = 4`, `per_device_train_batch_size=4`, `"per_device_train_batch_size": 4`,
 # `micro_batch_size: 4` (axolotl)
@@ -46,12 +60,19 @@ class ConfigExtractor(Extractor):
                 ("--learning", True), ("learning_rate:", True), ("learning_rate=", True), ("learning_rate :", True),
                 ("learning_rate =", True),
                 # source lines under bitsandbytes frames (`out = bnb.matmul_4bit(...)`): trace.bnb_4bit
-                ("_4bit", True))
+                ("_4bit", True),
+                # config.quantized (`_4bit` above covers load_in_4bit / bnb_4bit_*)
+                ("load_in_8bit", True), ("bitsandbytes", True), ("quantization_config", True), ("bnb-4bit", True),
+                ("quantization_bit", True), ("qlora", True), ("q-lora", True), ("Linear4bit", True), ("Linear8bit", True),
+                ("Params4bit", True), ("replace_with_bnb_linear", True), ("create_quantized_param", True))
 
     def feed(self, line: Any) -> bool:
         text = line.text
         low = text.lower()
         values = self.sink.values
+        if "config.quantized" not in values and ("bit" in low or "bnb" in low or "quantiz" in low or "lora" in low) \
+                and _QUANTIZED_RE.search(text):
+            values["config.quantized"] = True  # no evidence line of its own (the differential's condition)
         if "load_in_4bit" in low and "config.load_in_4bit" not in values and _FOUR_BIT_RE.search(text):
             values["config.load_in_4bit"] = True
             self.sink._evidence("config", line)
