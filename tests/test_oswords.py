@@ -62,3 +62,17 @@ def test_a_localized_killed_after_a_shards_bar_is_host_ram(tmp_path, word):
         report = engine.explain([str(log)])
         assert report.findings and report.findings[0].cause == "oom.host_ram", (word, variant)
         assert word.lower() in report.findings[0].evidence[0].text.lower()
+
+
+@pytest.mark.parametrize("line, want", [
+    ("ping: huggingface.co: Fallo temporal en la resolución del nombre",
+     "ping: huggingface.co: Temporary failure in name resolution"),
+    ("ping: huggingface.co: temporärer fehler bei der namensauflösung",
+     "ping: huggingface.co: Temporary failure in name resolution"),
+    ("getent: hf.co: Nom ou service inconnu", "getent: hf.co: Name or service not known"),
+    # prose that ends in the same words is no resolver line
+    ("meine Frage ist: warum kommt: Temporärer Fehler bei der Namensauflösung",
+     "meine Frage ist: warum kommt: Temporärer Fehler bei der Namensauflösung"),
+])
+def test_a_localized_resolver_line_reads_as_the_english_one(line, want):
+    assert oswords.unlocalize(line) == want

@@ -23,6 +23,7 @@ class OsWords(NamedTuple):
     core: tuple  # the `(core dumped)` strings
     lines: tuple  # bash's word for `line`
     ascii_lines: tuple  # the ASCII ones, as ` word ` (a cheap test before the regex on an ASCII line)
+    resolver: dict  # lower-cased resolver message -> its English text
 
 
 def _load(path: Path) -> dict:
@@ -44,19 +45,27 @@ def os_words(path: Path = TABLE) -> OsWords:
         for c in core:
             whole[f"{w} {c}".lower()] = f"{english} (core dumped)"
     lines = tuple(str(w) for w in data.get("line") or ())
+    resolver = {str(w).lower(): str(english) for english, ws in (data.get("resolver") or {}).items() for w in ws or ()}
     return OsWords(whole=whole, words=tuple(words), core=core, lines=lines,
-                   ascii_lines=tuple(dict.fromkeys(f" {f} " for w in lines if w.isascii() for f in (w, w.lower()))))
+                   ascii_lines=tuple(dict.fromkeys(f" {f} " for w in lines if w.isascii() for f in (w, w.lower()))),
+                   resolver=resolver)
 
 
 def trigger_words(path: Path = TABLE) -> tuple:
-    """The signal strings as extractor triggers (the engine decodes only lines that hold a trigger): each as
-    written and lower-cased, both case-sensitive (a lower-cased paste lowers `Убито` too, which the byte-level
-    case-blind search does not: it folds ASCII only)."""
+    """The signal strings and resolver messages as extractor triggers (the engine decodes only lines that hold a
+    trigger): each as written and lower-cased, both case-sensitive (a lower-cased paste lowers `Убито` too,
+    which the byte-level case-blind search does not: it folds ASCII only)."""
+    table = os_words(path)
     out: list = []
-    for w, _ in os_words(path).words:
+    for w in [w for w, _ in table.words] + [w for w in _resolver_words(path)]:
         for form in dict.fromkeys((w, w.lower())):
             out.append((form, False))
     return tuple(out)
+
+
+def _resolver_words(path: Path = TABLE) -> list:
+    """The resolver messages as written in the table (os_words keeps them lower-cased)."""
+    return [str(w) for ws in (_load(path).get("resolver") or {}).values() for w in ws or ()]
 
 
 _SHAPES: dict = {}  # id(table) -> its compiled shapes (a table holds a dict: not hashable for lru_cache)
@@ -86,6 +95,12 @@ def unlocalize(text: str, table: Optional[OsWords] = None) -> str:
     english = t.whole.get(low)
     if english is not None:
         return english
+    if t.resolver and text.count(": ") == 2:
+        # `ping: huggingface.co: Fallo temporal en la resolución del nombre` (a program and a host, one word each)
+        head, _, message = text.rpartition(": ")
+        english = t.resolver.get(message.strip().lower())
+        if english is not None and all(w and " " not in w for w in head.split(": ")):
+            return f"{head}: {english}"
     if text[:1] == "[":
         shape = _shapes(t)[1]
     elif ": " in text and (not text.isascii() or any(w in text for w in t.ascii_lines)):
