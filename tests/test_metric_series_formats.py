@@ -444,3 +444,21 @@ def test_repeat_tracker_gives_up_early_only_where_no_repeat_can_follow():
     t = RepeatTracker()
     t.add_many([rng.random() for _ in range(store)])
     assert t.broken and t.n <= store // 2 + 1  # random losses: stopped after half the store
+
+
+def test_a_model_cast_to_half_is_fp16(tmp_path):
+    """`model = model.half()` (pure half precision, no fp32 master weights) counts as fp16; another tensor's
+    .half() does not. A loss that drops to 0 with eval_loss nan then reads as fp16 overflow first."""
+    from loradoctor.logs.facts.metrics import precision_of
+
+    for line, want in [("    model = model.half()", "fp16"), ("model = AutoModel.from_pretrained(p).half()", "fp16"),
+                       ("self.base_model.half()", "fp16"), ("x = x.half()", None), ("inputs.half()", None)]:
+        assert precision_of(line) == want, line
+    records = ["{'loss': 1.9873, 'learning_rate': 0.0002, 'epoch': 0.0}"] + \
+        [f"{{'loss': 0.0, 'learning_rate': 0.0002, 'epoch': 0.0{i}}}" for i in range(1, 4)] + \
+        ["{'eval_loss': nan, 'eval_runtime': 41.2, 'epoch': 0.03}"]
+    half = explain_text(tmp_path, "model = model.half()\n" + "\n".join(records) + "\n", name="half.log")
+    assert half.facts.get("metrics.precision") == "fp16"
+    assert half.findings[0].cause == "nan.fp16_overflow", _causes(half)
+    plain = explain_text(tmp_path, "\n".join(records) + "\n", name="plain.log")
+    assert "metrics.precision" not in plain.facts

@@ -25,6 +25,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor import notes
+from loradoctor.logs import oswords
 from loradoctor.errors import UserError
 
 # 4 MiB blocks: large enough to amortise Python overhead; small enough that the several C passes over a
@@ -1192,6 +1193,10 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
         text2, rank2, _, _ = strip_prefixes(text)
         if rank2 is not None:
             text, rank = text2.strip(), rank2
+    if len(text) <= oswords.MAX_CHARS:
+        # the shell's signal line in the user's locale (`Getötet`, `Zeile 38: 4242 Speicherzugriffsfehler`) reads
+        # as the English one (data/os_strings.yaml); `original` keeps the line as pasted
+        text = oswords.unlocalize(text)
     return text, original, rank, stamp, time_s
 
 

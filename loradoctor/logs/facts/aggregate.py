@@ -357,6 +357,8 @@ class MetricsExtractor(Extractor):
         ("Gradient overflow", False), ("OVERFLOW!", False), ("loss scale", False), ("Overflow detected", False),
         # the run's precision (metrics.precision): `fp16=True`, `--bf16`, `torch_dtype=torch.float16`, ...
         ("fp16", False), ("bf16", False), ("float16", False), ("Bfloat16 = ", False), ("16bit Automatic", False),
+        # a model cast to float16 whole (`model = model.half()`): pure half precision, no fp32 master weights
+        (".half()", True),
     )
 
     # fed line by line (no engine block path), Trainer dicts arrive as lines too
@@ -434,7 +436,7 @@ class MetricsExtractor(Extractor):
         if "verflow" in text or "OVERFLOW" in text or "Skipping step" in text:
             self._overflow(line)
             touched = True
-        if "16" in text and len(self._precisions) < 2:
+        if ("16" in text or "half()" in text) and len(self._precisions) < 2:
             found = precision_of(text)
             if found is not None:
                 self._precisions.add(found)

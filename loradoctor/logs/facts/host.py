@@ -8,6 +8,7 @@ from loradoctor.record import record
 from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
+from loradoctor.logs import oswords
 from loradoctor.logs.facts.common import MAX_ID, Extractor, _bounded_int
 from loradoctor.units import MAX_PLAUSIBLE_BYTES
 
@@ -66,7 +67,8 @@ class HostExtractor(Extractor):
         ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
         # the rest of _EXIT_CODE_RE's words (`failed (exitcode: -9)`, `exit_code: 137`, `exited with code`)
         ("exitcode", True), ("exit_code", True), ("exited with", True),
-    )
+    ) + oswords.trigger_words()  # the shell's `Killed` / `Segmentation fault` in the user's locale (the reader
+                                 # gives the line the English words: data/os_strings.yaml)
 
     def feed(self, line: Any) -> bool:
         text = line.text

@@ -252,8 +252,15 @@ _BF16_ON_RE = _precision_re("bf16", "bfloat16", "bfloat16", "TRUE")
 _PRECISION_HINTS = ("p16", "f16", "t16", "16b")  # (spelt out in precision_of: four `in` tests)
 
 
+# a model cast to float16 whole: `model = model.half()`, `AutoModel.from_pretrained(name).half()` (pure
+# half precision: the updates themselves are fp16, without the fp32 master weights mixed precision keeps)
+_HALF_MODEL_RE = lazy_re(r"(?:\b\w*[Mm]odel\w*|\bfrom_pretrained\(.*\))\.half\(\)")
+
+
 def precision_of(text: str) -> Optional[str]:
     """'fp16' or 'bf16' when the line shows that precision switched on, else None."""
+    if "half()" in text and _HALF_MODEL_RE.search(text):
+        return "fp16"
     if not ("p16" in text or "f16" in text or "t16" in text or "16b" in text):
         return None
     if _FP16_ON_RE.search(text):
