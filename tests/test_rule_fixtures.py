@@ -256,6 +256,9 @@ BROKEN_RULES = {
         "severity: error", "severity: fatal"),
     "bad-repro": _GOOD_RULE.format(rid="bad-repro-rule", pattern="boom") + "    repro: no-such-repro\n",
     "bad-when": _GOOD_RULE.format(rid="bad-when-rule", pattern="boom") + "    when: 'oom.requested_bytes >>> 3'\n",
+    # its literal `grad_norm` is in every Trainer metric dict, which its regex matches only when nan: the
+    # engine would scan every dict of a training log (rules lint says so and names `prefilter`)
+    "metric-line-literal": _GOOD_RULE.format(rid="grad-norm-nan-rule", pattern=r"grad_norm\W{1,4}nan"),
 }
 
 
