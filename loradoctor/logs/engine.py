@@ -29,7 +29,7 @@ from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
 from loradoctor.logs.rules.templates import has_placeholders
-from loradoctor.logs.scan import REPLAN_MISSES, Literal, LiteralIndex, Prefilter, Segment, is_last_segment, line_segment
+from loradoctor.logs.scan import REPLAN_MISSES, Literal, LiteralIndex, Prefilter, Segment, is_last_segment, segment_at
 
 NUMBERS_BONUS = 0.3  # a `when` that held on numbers (from the log or the env snapshot): facts beat keywords
 GUESS_CONFIDENCE = 0.2  # a rule whose numbers are all missing is labelled a guess
@@ -476,7 +476,7 @@ def _with_every_line(segments: list[Segment], view: bytes, wants: Callable[[], b
         at = seg.line_end + 1
         upto = segments[k].line_start if k < n else size
         while at < upto and wants():
-            line = line_segment(view, at)
+            line = segment_at(view, at)
             yield line
             at = line.line_end + 1
 

@@ -331,7 +331,7 @@ class Prefilter:
             seen = 0  # anchors before `pos`
             search = _NOT_NEWLINE.search
             pos = bfind(sequence[index])
-            # inlined _segment: this loop runs once per segment that holds an anchor byte
+            # inlined segment_at: this loop runs once per segment that holds an anchor byte
             while True:
                 line_start = brfind(b"\n", 0, pos) + 1
                 cr = brfind(b"\r", line_start, pos)
@@ -415,7 +415,7 @@ class Prefilter:
             find = haystack.find
             pos = find(needle)
             while pos != -1:
-                seg = _segment(block, pos)
+                seg = segment_at(block, pos)
                 found.setdefault(seg.start, seg)
                 pos = find(needle, seg.end) if seg.end < size else -1
         return [found[k] for k in sorted(found)]
@@ -455,17 +455,9 @@ def _segment_counts(sample: bytes, wanted: set[int]) -> dict[int, int]:
     return out
 
 
-def line_segment(block: bytes, line_start: int) -> Segment:
-    """The first `\r` segment of the physical line that starts at line_start (the text of a CRLF line)."""
-    line_end = block.find(b"\n", line_start)
-    if line_end < 0:
-        line_end = len(block)
-    end = block.find(b"\r", line_start, line_end)
-    return Segment(line_start, line_start, end if end >= 0 else line_end, line_end)
-
-
-def _segment(block: bytes, pos: int) -> Segment:
-    """The `\r`/`\n`-delimited segment around pos, and its physical line."""
+def segment_at(block: bytes, pos: int) -> Segment:
+    """The `\r`/`\n`-delimited segment around pos, and its physical line (at a line's start: its first
+    segment, the text of a CRLF line)."""
     line_start = block.rfind(b"\n", 0, pos) + 1
     cr = block.rfind(b"\r", line_start, pos)
     start = cr + 1 if cr >= 0 else line_start
