@@ -37,6 +37,11 @@ MAX_ID = 1 << 32  # pids, Xid numbers, exit codes, counters, milliseconds go thr
 MAX_MS = 10 ** 12  # about 30 years
 
 
+def says_oom(text: str) -> bool:
+    """The line says out of memory (any case; `outof memory` as a retyped title or OCR writes it)."""
+    return "ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text
+
+
 def _bounded_int(text: Optional[str], most: int) -> Optional[int]:
     """The integer a regex group holds (digits, maybe a leading `-`), or None when the group is
     absent or the value's magnitude is beyond `most`."""

@@ -8,7 +8,7 @@ from loradoctor.record import asdict, record
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from loradoctor.lazyre import lazy_re
-from loradoctor.logs.facts.common import _SIZE, MAX_ID, MAX_RANK, Extractor, Sink, _bounded_int, _size
+from loradoctor.logs.facts.common import _SIZE, MAX_ID, MAX_RANK, Extractor, Sink, _bounded_int, _size, says_oom
 from loradoctor.logs.facts.metrics import METRIC_DICT_RE
 from loradoctor.logs.facts.tables import OOM_FIGURE_FIELDS as _FIGURE_FIELDS
 from loradoctor.logs.facts.trace import _EXC_RE
@@ -405,11 +405,6 @@ def _records_before_line(block: bytes, line_in_block: int) -> int:
     return len(METRIC_DICT_RE.findall(block, 0, offset))
 
 
-def _says_oom(text: str) -> bool:
-    """The line says out of memory (any case; `outof memory` as a retyped title or OCR writes it)."""
-    return "ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text
-
-
 class OomExtractor(Extractor):
     """OOM lines, and the lines that continue a wrapped one (joined before parsing). The phase
     comes from the traceback the message ends (the trace extractor's frames so far), the step from
@@ -443,7 +438,7 @@ class OomExtractor(Extractor):
         """The first OOM line of any form (bare ones too) takes the training bar and the metric
         records before it, from where it sits in its block; records after it (a rerun) never count."""
         text = line.text
-        if not self._bar_located and _says_oom(text):
+        if not self._bar_located and says_oom(text):
             # any form, the bare `CUDA error: out of memory` too: the loop whose bar it interrupted
             self._bar_located = True
             phase = position.bar_phase()
@@ -451,7 +446,7 @@ class OomExtractor(Extractor):
                 self.sink.values["oom.bar_phase"] = phase
         if self._located:
             return
-        if _says_oom(text) and parse_oom_message(text) is not None:
+        if says_oom(text) and parse_oom_message(text) is not None:
             self._located = True
             bar = position.progress()
             if bar is not None:
@@ -460,7 +455,7 @@ class OomExtractor(Extractor):
 
     def feed(self, line: Any) -> bool:
         text = line.text
-        if _says_oom(text) or self._oom_pending is not None:
+        if says_oom(text) or self._oom_pending is not None:
             self._oom_feed(line)
             return True
         return False
@@ -479,7 +474,7 @@ class OomExtractor(Extractor):
                 return
             self._oom_pending = None
             self._oom_parse(pending)
-        if not _says_oom(line.text):
+        if not says_oom(line.text):
             return
         if parse_oom_message(line.text) is None:
             return

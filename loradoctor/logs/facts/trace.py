@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
-from loradoctor.logs.facts.common import Extractor, Sink
+from loradoctor.logs.facts.common import Extractor, Sink, says_oom
 from loradoctor.logs.facts.frames import (ARROW_RE, Frame, _line, called_function, caller_source, cut_frame_head,
                                           location_from_frames, parse_frames, rich_wrapped_frame, rich_wrapped_head,
                                           shows_bnb_4bit)
@@ -161,7 +161,7 @@ class TraceExtractor(Extractor):
                     self.sink.values["trace.message"] = e.group(2)[:300]
                 if loc:
                     self.sink.values["trace.location"] = loc
-            if not self._oom_trace_done and ("ut of memory" in text or "UT OF MEMORY" in text or "utof memory" in text):
+            if not self._oom_trace_done and says_oom(text):
                 # the traceback that ends with the (first) OOM places it, not an unrelated earlier
                 # one (a caught flash-attn ImportError before a training OOM)
                 self._oom_trace_done = True
