@@ -101,17 +101,14 @@ def unlocalize(text: str, table: Optional[OsWords] = None) -> str:
         english = t.resolver.get(message.strip().lower())
         if english is not None and all(w and " " not in w for w in head.split(": ")):
             return f"{head}: {english}"
-    if text[:1] == "[":
-        shape = _shapes(t)[1]
-    elif ": " in text and (not text.isascii() or any(w in text for w in t.ascii_lines)):
-        shape = _shapes(t)[0]
-    else:
+    job = text[:1] == "["
+    if not job and not (": " in text and (not text.isascii() or any(w in text for w in t.ascii_lines))):
         return text
-    m = shape.match(text)
+    m = _shapes(t)[1 if job else 0].match(text)
     if m is None:
         return text
     english = next(e for w, e in t.words if w.lower() == m.group("sig").lower())
     core = " (core dumped)" if m.group("core") else ""
-    if shape is _shapes(t)[1]:
+    if job:
         return f"{m.group('head')}{english}{core}{m.group('rest')}"
     return f"{m.group('head')}line {m.group('n')}: {m.group('pid')} {english}{core}{m.group('rest')}"
