@@ -407,7 +407,10 @@ def _norm(name: str) -> str:
 SMI_ROW_MAX_CHARS = 400  # far past any real row of the nvidia-smi table (R470 to R580: 79 to 91 characters)
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+([\d.]+)\s+Driver Version:\s*([\d.]+)\s+CUDA Version:\s*([\d.]+|N/A)", re.I)
 # R525-R535 tables close the Persistence-M cell with no blank before the bar (`... A100-SXM4-80GB   Off| 0000...`)
-_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
+_BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"  # `00000000:07:00.0`
+_SMI_GPU_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|\s+(" + _BUS_ID + r")\s+(?:On|Off)\s+\|\s*(\S.*?)\s*\|", re.I)
+# a GPU section of `nvidia-smi -q` opens with its bus id; prose around a pasted block (`GPU is not usable`) does not
+_SMI_Q_GPU_HEAD = re.compile(r"GPU " + _BUS_ID)
 _SMI_USE_ROW = re.compile(
     r"^\|\s*(\S+)\s+(\d+)C\s+(P\d+|\S+)\s+(?:(\d+)W\s*/\s*(\d+)W|N/A\s*/\s*N/A|\S+\s*/\s*\S+)?\s*\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|", re.I)
 _SMI_PROC = re.compile(r"^\|\s+(\d+)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A)(?:MiB)?\s*\|", re.I)
@@ -554,9 +557,7 @@ def import_nvidia_smi_q(text: str) -> dict:
     for indent, key, value in rows:
         while path and path[-1][0] >= indent:
             path.pop()
-        # a GPU section opens with its bus id (`GPU 00000000:07:00.0`); prose around a pasted block that starts
-        # with the word (`GPU is not usable ...`) is no GPU
-        if indent == 0 and value is None and re.fullmatch(r"GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]", key.strip()):
+        if indent == 0 and value is None and _SMI_Q_GPU_HEAD.fullmatch(key.strip()):
             gpu = {"index": len(nv["gpus"]), "bus_id": key[4:].strip(), "processes": [], "throttle_reasons": []}
             nv["gpus"].append(gpu)
             path = []
