@@ -259,6 +259,8 @@ BROKEN_RULES = {
     # its literal `grad_norm` is in every Trainer metric dict, which its regex matches only when nan: the
     # engine would scan every dict of a training log (rules lint says so and names `prefilter`)
     "metric-line-literal": _GOOD_RULE.format(rid="grad-norm-nan-rule", pattern=r"grad_norm\W{1,4}nan"),
+    "short-exclude-prefilter": _GOOD_RULE.format(rid="short-exclude-prefilter-rule", pattern="boom")
+    + "    exclude: ['not really boom']\n    exclude_prefilter: ['no']\n",
 }
 
 

@@ -203,14 +203,15 @@ def _rendered_literal(lit: str) -> str:
     return max(re.split(r"`|__", lit), key=len)
 
 
-def _literals_for(patterns: list[str], explicit: list[str], field_name: str) -> tuple[list, list[str]]:
+def _literals_for(patterns: list[str], explicit: list[str], field_name: str,
+                  explicit_name: str = "prefilter") -> tuple[list, list[str]]:
     """Prefilter literals for a list of regexes, and the problems found. Explicit literals are
     matched ignoring case (rule authors rely on `out of memory` finding `Out of memory`)."""
     if explicit:
         explicit = [_rendered_literal(lit) for lit in explicit]
         weak = [lit for lit in explicit if not _informative_literal(lit)]
-        problems = [(f"prefilter: {lit!r} is shorter than {MIN_DERIVED_LITERAL} bytes" if len(lit.encode("utf-8")) < MIN_DERIVED_LITERAL
-                     else f"prefilter: {lit!r} is made of digits and punctuation every progress bar and metric line holds")
+        problems = [(f"{explicit_name}: {lit!r} is shorter than {MIN_DERIVED_LITERAL} bytes" if len(lit.encode("utf-8")) < MIN_DERIVED_LITERAL
+                     else f"{explicit_name}: {lit!r} is made of digits and punctuation every progress bar and metric line holds")
                     + "; give words every match contains" for lit in weak]
         return [(lit, True) for lit in explicit], problems
     literals: list[tuple[str, bool]] = []

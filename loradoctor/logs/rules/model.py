@@ -210,8 +210,9 @@ def build_rule(data: dict, source: str, eager: bool = True) -> tuple[Optional[Ru
         per = []
         explicit = rule.exclude_prefilter if fname == "exclude" else []
         for i, p in enumerate(getattr(rule, fname)):
-            lits, found = _literals_for([p], explicit, f"{fname}[{i}]" if not explicit else "exclude_prefilter")
-            problems.extend(found)
+            lits, found = _literals_for([p], explicit, f"{fname}[{i}]", "exclude_prefilter")
+            if i == 0 or not explicit:  # (an explicit list is checked once, not once per regex)
+                problems.extend(found)
             per.append(lits)
         setattr(rule, target, per)
     if rule.when:
