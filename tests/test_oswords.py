@@ -22,6 +22,9 @@ from loradoctor.logs import engine, oswords, reader
      "/var/spool/slurm/job1/slurm_script: line 12: 4242 Segmentation fault (core dumped) python x.py"),
     ("run.sh: ligne 3 : 99 Processus arrêté python x.py", "run.sh: line 3: 99 Killed python x.py"),
     ("[1]+  Morto                   nohup python train.py", "[1]+  Killed                   nohup python train.py"),
+    ("已杀死", "Killed"),
+    ("段错误 (核心已转储)", "Segmentation fault (core dumped)"),
+    ("总线错误", "Bus error"),
 ])
 def test_a_localized_signal_line_reads_as_the_english_one(line, want):
     assert oswords.unlocalize(line) == want
@@ -53,7 +56,7 @@ def test_the_reader_keeps_the_line_as_pasted_for_evidence():
     assert line.quote().endswith("]Getötet")
 
 
-@pytest.mark.parametrize("word", ["Getötet", "Убито", "Processus arrêté", "Matado", "Morto"])
+@pytest.mark.parametrize("word", ["Getötet", "Убито", "Processus arrêté", "Matado", "Morto", "已杀死"])
 def test_a_localized_killed_after_a_shards_bar_is_host_ram(tmp_path, word):
     log = tmp_path / "k.log"
     text = f"Loading checkpoint shards:  36%|███▋      | 12/33 [00:19<00:34,  1.63s/it]{word}\n"

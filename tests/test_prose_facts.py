@@ -39,6 +39,13 @@ def test_latin_words_only_whole():
     assert line_phase("medieval数据集合并后爆显存")[0] is None
 
 
+def test_a_config_name_that_holds_a_phase_word_names_no_phase():
+    # modules_to_save lists modules trained in full: no saving; `save` on its own still counts
+    assert line_phase("modules_to_save 默认包含 embed_tokens 和 lm_head,显著增加显存占用。")[0] is None
+    assert line_phase("一到save就爆显存")[0] == "save"
+    assert "modules_to_save" in prose_table().not_phases
+
+
 def test_table_is_data():
     t = prose_table()
     phases = {p for _, p in t.phases}

@@ -26,6 +26,7 @@ class ProseTable(NamedTuple):
     weak: tuple[str, ...]  # GPU memory / "the error below" words
     phases: tuple[tuple[str, str], ...]  # (word, phase), longest word first
     after: tuple[str, ...]
+    not_phases: tuple[str, ...] = ()  # names that hold a phase word but name no phase (modules_to_save)
 
 
 @functools.lru_cache(maxsize=2)
@@ -39,7 +40,8 @@ def prose_table(path: Path = TABLE) -> ProseTable:
     pairs.sort(key=lambda p: -len(p[0]))
     return ProseTable(anchors=tuple(str(w) for w in anchors.get("oom") or ()),
                       weak=tuple(str(w) for w in anchors.get("weak") or ()),
-                      phases=tuple(pairs), after=tuple(str(w) for w in data.get("after") or ()))
+                      phases=tuple(pairs), after=tuple(str(w) for w in data.get("after") or ()),
+                      not_phases=tuple(str(w) for w in data.get("not_phases") or ()))
 
 
 @functools.lru_cache(maxsize=2)
@@ -78,6 +80,8 @@ def sentence_phase(sentence: str, table: Optional[ProseTable] = None) -> tuple[O
     if anchor < 0:
         return None, False
     low = sentence.lower()
+    for name in t.not_phases:  # blanked (same length: the positions stay the sentence's)
+        low = low.replace(name.lower(), " " * len(name))
     # the phase words before the anchor, nearest first (one regex pass: a line may be 8,000 characters)
     # (the 64 nearest: a hostile line of repeated finished phases costs no more)
     for m in reversed(list(_phase_re(t).finditer(low, 0, anchor))[-64:]):
