@@ -310,6 +310,11 @@ class LossAggregate:
             v["metrics.lr_last"] = self.lr_last
 
 
+def _plain_rests(rests: bytes) -> bool:
+    """True when the rest of a block's dicts holds no key that the record-by-record path reads."""
+    return b"mem" not in rests and b"reward_std" not in rests
+
+
 def _bfloat_or_none(text: Optional[bytes]) -> Optional[float]:
     if not text:
         return None
@@ -588,8 +593,8 @@ class MetricsExtractor(Extractor):
         if not items:
             return
         loss_t, gn_t, lr_t, rest_t, body_t = items.columns if isinstance(items, RecordColumns) else zip(*items)
-        rests = b"".join(rest_t)
-        if self._mem_key is None and not any(body_t) and b"mem" not in rests and b"reward_std" not in rests:
+        # records holding memory keys or GRPO's reward_std go record by record (their extra keys are read)
+        if self._mem_key is None and not any(body_t) and _plain_rests(b"".join(rest_t)):
             try:
                 losses = _bfloats(loss_t)
                 # absent optional groups are b"" (findall) or None (match)
