@@ -204,3 +204,25 @@ def test_outof_memory_as_ocr_or_a_retyped_title_writes_it_is_read():
     f = collect(["torch.cuda.0utOfMemoryError: CUDA outof memory. Tried to allocate 270.00 MiB (GPU 0; 31.75 GiB "
                  "total capacity; 30.9l GiB already allocated; 1O3.50 MiB free; 30.96 GiB reserved in total by PyTorch)"])
     assert f["oom.requested_bytes"] == 270 * MIB
+
+
+BLIND = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 130.00 MiB. GPU 0 has a total capacity of "
+         "79.10 GiB of which 12.81 MiB is free. Process 3427 has 0 bytes memory in use. Process 3423 has 0 bytes "
+         "memory in use. Including non-PyTorch memory, this process has 0 bytes memory in use. Of the allocated "
+         "memory 10.47 GiB is allocated by PyTorch, and 93.52 MiB is reserved by PyTorch but unallocated.")
+
+
+def test_cuda_g4_blind_listing_measures_memory_held_elsewhere():
+    # a container's NVML view: every process, this one included, at 0 bytes; the listing names who shares
+    # the card, total - free - reserved says how much they hold
+    f = collect([BLIND])
+    assert f["oom.other_process_count"] == 2 and f["oom.other_process_bytes"] == 0
+    assert "oom.this_process_bytes" not in f
+    reserved = parse_size("10.47 GiB") + parse_size("93.52 MiB")
+    assert abs(f["oom.other_unaccounted_bytes"] - (parse_size("79.10 GiB") - parse_size("12.81 MiB") - reserved)) < MIB
+
+
+def test_cuda_g4_listing_with_figures_is_not_blind():
+    # one listed process with a figure: the listing is not blind, the figures are used as they are
+    f = collect([BLIND.replace("Process 3423 has 0 bytes", "Process 3423 has 60.00 GiB")])
+    assert f["oom.other_process_bytes"] == 60 * GIB and "oom.other_unaccounted_bytes" not in f

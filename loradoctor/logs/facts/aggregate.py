@@ -310,6 +310,11 @@ class LossAggregate:
             v["metrics.lr_last"] = self.lr_last
 
 
+def _plain_rests(rests: bytes) -> bool:
+    """True when the rest of a block's dicts holds no key that the record-by-record path reads."""
+    return b"mem" not in rests and b"reward_std" not in rests
+
+
 def _bfloat_or_none(text: Optional[bytes]) -> Optional[float]:
     if not text:
         return None
@@ -390,6 +395,8 @@ class MetricsExtractor(Extractor):
         self._wandb: dict[str, float] = {}  # the last `wandb: Run summary:` values
         self._wandb_line: Any = None
         self._precisions: set = set()  # 'fp16' / 'bf16' seen switched on
+        self._reward_std_n = 0  # RL records (GRPO) with a finite reward_std, and the largest one
+        self._reward_std_max: Optional[float] = None
 
     @property
     def records(self) -> int:
@@ -586,7 +593,8 @@ class MetricsExtractor(Extractor):
         if not items:
             return
         loss_t, gn_t, lr_t, rest_t, body_t = items.columns if isinstance(items, RecordColumns) else zip(*items)
-        if self._mem_key is None and not any(body_t) and b"mem" not in b"".join(rest_t):
+        # records holding memory keys or GRPO's reward_std go record by record (their extra keys are read)
+        if self._mem_key is None and not any(body_t) and _plain_rests(b"".join(rest_t)):
             try:
                 losses = _bfloats(loss_t)
                 # absent optional groups are b"" (findall) or None (match)
@@ -616,7 +624,7 @@ class MetricsExtractor(Extractor):
         grad_norm and learning_rate count where the dict pattern found them (as in _vector_batch)."""
         last_k = None
         for k, (loss_text, gn_text, lr_text, rest, body) in enumerate(items):
-            if body or (rest and b"mem" in rest) or self._mem_key is not None:
+            if body or (rest and (b"mem" in rest or b"reward_std" in rest)) or self._mem_key is not None:
                 # rare shapes: the general path
                 if body:
                     self.feed_json_record(body, lambda k=k: line_at(k))
@@ -659,6 +667,10 @@ class MetricsExtractor(Extractor):
             self._eval_last = record["eval_loss"]
         if self._mem_key is not None or any("mem" in k for k in record):
             self._memory_metric(record)
+        reward_std = record.get("reward_std")
+        if isinstance(reward_std, float) and reward_std == reward_std:
+            self._reward_std_n += 1
+            self._reward_std_max = reward_std if self._reward_std_max is None else max(self._reward_std_max, reward_std)
         loss = record.get("loss")
         if not isinstance(loss, float):
             return
@@ -734,6 +746,9 @@ class MetricsExtractor(Extractor):
             v["metrics.overflow_skips"] = self._overflows
             if self._scale_min is not None:
                 v["metrics.loss_scale_min"] = self._scale_min
+        if self._reward_std_n:
+            v["metrics.reward_std_records"] = self._reward_std_n
+            v["metrics.reward_std_max"] = self._reward_std_max
         if self._mem_first is not None:
             v["metrics.mem_first_bytes"] = self._mem_first
             v["metrics.mem_last_bytes"] = self._mem_last

@@ -191,19 +191,24 @@ def parse_oom_message(text: str) -> Optional[OomMessage]:
     msg = _drop_implausible(msg)
     if msg.allocated_bytes is not None and msg.reserved_unallocated_bytes is not None:
         msg.reserved_bytes = msg.allocated_bytes + msg.reserved_unallocated_bytes + (msg.private_pool_bytes or 0)
+    blind = False
     if msg.this_process_bytes is not None and msg.reserved_bytes is not None and msg.this_process_bytes < msg.reserved_bytes:
         # vLLM workers and containers print `this process has 0 bytes memory in use`: the process
         # holds at least what PyTorch reserved, so the figure is not usable
         msg.this_process_bytes = None
+        # ... and when every other process it lists shows 0 bytes too, NVML sees no process's memory (a
+        # container's PID namespace): the listing says who is on the card, not how much each holds
+        blind = msg.other_process_count is not None and msg.other_process_bytes == 0
     if msg.this_process_bytes is not None:
         if None not in (msg.total_bytes, msg.free_bytes):
             msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.this_process_bytes)  # type: ignore[operator]
         if msg.reserved_bytes is not None:
             msg.non_pytorch_bytes = max(0, msg.this_process_bytes - msg.reserved_bytes)
-    elif m.group(1) in ("HIP", "XPU") and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes) \
-            and msg.other_process_bytes is None:
-        # ROCm and XPU builds print no NVML process clauses at all: as in G1/G2, total - free -
-        # reserved is what other processes (plus this process's context) hold
+    elif (blind or m.group(1) in ("HIP", "XPU") and msg.other_process_bytes is None) \
+            and None not in (msg.total_bytes, msg.free_bytes, msg.reserved_bytes):
+        # ROCm and XPU builds print no NVML process clauses at all, and a blind listing (above) gives no
+        # figures: as in G1/G2, total - free - reserved is what other processes (plus this process's
+        # context) hold
         msg.other_unaccounted_bytes = max(0, msg.total_bytes - msg.free_bytes - msg.reserved_bytes)  # type: ignore[operator]
     return msg
 

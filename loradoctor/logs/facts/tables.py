@@ -20,7 +20,7 @@ SERIES_KEYS = {"loss": "loss", "lr": "lr", "learning_rate": "learning_rate", "gr
 # the columns of a notebook Trainer table
 TABLE_KEYS = {"step": "step", "epoch": "epoch", "training loss": "loss", "train loss": "loss",
               "validation loss": "eval_loss", "eval loss": "eval_loss", "grad norm": "grad_norm",
-              "learning rate": "learning_rate"}
+              "learning rate": "learning_rate", "reward_std": "reward_std"}
 # the keys of a `wandb: Run summary:` block
 WANDB_KEYS = {"train/loss": "loss", "loss": "loss", "train/grad_norm": "grad_norm", "grad_norm": "grad_norm",
               "train/learning_rate": "learning_rate", "learning_rate": "learning_rate", "eval/loss": "eval_loss",
