@@ -48,6 +48,11 @@ FORMATS = {
         "Epoch 0:  45%|████▌     | 450/1000 [01:23<01:41, 5.41it/s, v_num=0, train_loss=0.000]",
         "Epoch 0:  46%|████▌     | 460/1000 [01:25<01:40, 5.41it/s, v_num=0, train_loss=0.000]",
     ], [(0.0, None, None), (0.0, None, None)]),
+    # Lightning prints a nan loss with a trailing `.0` (round 20: t5-large under precision="16")
+    "lightning-nan-dot-zero": ([
+        "Epoch 0:   1%|          | 11/1563 [00:08<20:14,  1.28it/s, v_num=7, train_loss=2.410]",
+        "Epoch 0:   1%|          | 12/1563 [00:09<20:14,  1.28it/s, v_num=7, train_loss=nan.0]",
+    ], [(2.41, None, None), (NAN, None, None)]),
     "keras": ([
         "100/100 [==============================] - 5s 50ms/step - loss: 2.3026 - accuracy: 0.1000",
         "100/100 [==============================] - 5s 50ms/step - loss: nan - accuracy: 0.1000",

@@ -16,7 +16,9 @@ TriggerLiterals = tuple[tuple[str, bool], ...]  # (literal, ignore_case) pairs
 # over a line padded with thousands of digits, a start inside the run would rescan the rest of it
 # from every digit (quadratic: 7,950 digits took 13.5 s).
 _SIZE = r"(?<![\d.])(\d+(?:\.\d+)?\s*(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB))"
-_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)"
+# (Lightning's progress bar prints a nan loss as `train_loss=nan.0`: the `.0` belongs to the value; `\.\d+`, not
+# `\.0`, so that the metric regex stays blind to which digit it is, see rules.literals.digit_blind)
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity)(?:\.\d+)?"
 
 
 def _size(text: Optional[str]) -> Optional[int]:
@@ -53,6 +55,8 @@ def _bounded_int(text: Optional[str], most: int) -> Optional[int]:
 
 def _float(text: str) -> float:
     low = text.lower().lstrip("+")
+    if "." in low and low[-1:].isdigit() and low.lstrip("-")[:1] in ("n", "i"):  # `nan.0`, `-inf.0`
+        low = low[:low.index(".")]
     if low in ("nan", "-nan"):
         return math.nan
     if low in ("inf", "infinity"):
