@@ -419,6 +419,21 @@ def test_code43():
     assert f["code43.present"] is True and f["code43.device"] == "NVIDIA GeForce RTX 3080"
 
 
+def test_card_blackwell_names_the_card_or_its_architecture():
+    from loradoctor.logs.facts.host import names_blackwell
+
+    for line in ("   \\   /|    NVIDIA GeForce RTX 5060 Ti. Num GPUs = 1. Max memory: 15.478 GB.",
+                 "GPU 0: NVIDIA GeForce RTX 5090 D", "b200: cuda error: no kernel image", "the PyTorch Blackwell SM_120 error",
+                 "rtx pro 6000 blackwell max-q", "ptxas fatal   : Value 'sm_120a' is not defined", "sm100 build"):
+        assert names_blackwell(line), line
+    for line in ("NVIDIA GeForce RTX 4090", "RTX 3050 Ti laptop", "{'loss': 1.5, 'grad_norm': 0.5, 'epoch': 0.5}",
+                 "batch 5090/6000", "sm_1200 registers", "H200 SXM", "run b2000 done"):
+        assert not names_blackwell(line), line
+    f = collect(["[bug] rtx 5090 error", "RuntimeError: CUDA error: no kernel image is available"])
+    assert f.flat()["card.blackwell"] is True and [e.line for e in f.evidence("card")] == [1]
+    assert "card.blackwell" not in collect(["GPU 0: NVIDIA GeForce RTX 4090"]).flat()
+
+
 def test_evidence_groups_keep_source_lines():
     facts = collect(["noise", G4])
     (ev,) = facts.evidence("oom")

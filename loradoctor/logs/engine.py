@@ -57,7 +57,8 @@ GROUP_NAMES = {
     "oom": "the OOM message", "memsum": "the memory summary", "metrics": "the training metrics",
     "peft": "the PEFT parameter count", "trace": "the traceback", "xid": "the kernel Xid lines",
     "dist": "the torchrun/NCCL lines", "killed": "the kernel and launcher kill lines",
-    "code43": "the Code 43 line", "input": "the input", "env": "the environment snapshot",
+    "code43": "the Code 43 line", "card": "the line naming the GPU", "input": "the input",
+    "env": "the environment snapshot",
 }
 
 

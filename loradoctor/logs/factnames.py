@@ -44,6 +44,8 @@ KNOWN_FACTS: tuple[str, ...] = (
     "killed.exit_code",
     # code43
     "prose.oom_phase", "prose.gpu_oom", "code43.present", "code43.device",
+    # card
+    "card.blackwell",
     # input
     "input.files", "input.lines", "input.bytes",
     # env

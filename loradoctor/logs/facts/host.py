@@ -1,5 +1,5 @@
-"""host: the kernel's OOM killer, a bare `Killed`, exit status 137 / -9 (killed.*), and Windows'
-Code 43 for an NVIDIA device (code43.*)."""
+"""host: the kernel's OOM killer, a bare `Killed`, exit status 137 / -9 (killed.*), Windows' Code 43 for an
+NVIDIA device (code43.*), and a line that names a Blackwell card (card.blackwell)."""
 
 from __future__ import annotations
 
@@ -61,12 +61,25 @@ _CODE43_RE = lazy_re(r"\(?Code 43\)?|Problem Code:\s*43\b")
 _DEVICE_NAME_RE = lazy_re(r"((?:NVIDIA )?(?:GeForce|Quadro|Tesla|TITAN|RTX|GTX)[\w \-]{0,80}?)(?=\s*[:;,()]|\s+(?:Windows|has|is|reported)\b|$)")
 
 
+# a Blackwell-generation GPU named anywhere (a title, a banner, collect_env, prose): RTX 50xx (5050-5090, Ti / D),
+# RTX PRO ... Blackwell, B100 / B200 / GB200, or its architecture (sm_120 / sm_100, with or without `_`)
+_BLACKWELL_RE = lazy_re(r"\b(?:rtx ?(?:pro ?)?50[5-9]0(?: ?ti| ?d)?\b|blackwell\b|g?b[12]00\b|sm_?1[02]0a?\b)", re.I)
+
+
+def names_blackwell(text: str) -> bool:
+    """The line names a Blackwell-generation GPU or its architecture (`RTX 5090`, `B200`, `sm_120`)."""
+    return bool(_BLACKWELL_RE.search(text))
+
+
 class HostExtractor(Extractor):
     TRIGGERS = (
         ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
         ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
         # the rest of _EXIT_CODE_RE's words (`failed (exitcode: -9)`, `exit_code: 137`, `exited with code`)
         ("exitcode", True), ("exit_code", True), ("exited with", True),
+        # card.blackwell (_BLACKWELL_RE's words)
+        ("RTX 50", True), ("RTX50", True), ("RTX PRO", True), ("Blackwell", True), ("B200", True), ("B100", True),
+        ("sm_120", True), ("sm_100", True), ("sm120", True), ("sm100", True),
     ) + oswords.trigger_words()  # the shell's `Killed` / `Segmentation fault` in the user's locale (the reader
                                  # gives the line the English words: data/os_strings.yaml)
 
@@ -74,6 +87,9 @@ class HostExtractor(Extractor):
         text = line.text
         touched = self._killed(line)
         touched |= self._code43(line)
+        if "card.blackwell" not in self.sink.values and names_blackwell(text):
+            self.sink.values["card.blackwell"] = True
+            self.sink._evidence("card", line)
         code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
         if code is not None and code in (137, -9):
             self.sink._set_first({"killed.exit_code": code})
