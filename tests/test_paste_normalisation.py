@@ -186,3 +186,33 @@ def test_a_long_log_whose_first_block_is_only_dicts_and_bars_keeps_the_case_of_i
     assert report.facts.get("oom.allocated_bytes") == 50530290237
     assert report.findings[0].cause == "oom.fragmentation"
     assert report.facts.get("metrics.first_loss") == 1.4999
+
+
+def test_a_word_boundary_also_falls_between_cjk_and_ascii():
+    """Chinese and Japanese writers glue English to their own words (`微调时显存OOM了`, `报错RuntimeError`);
+    `re` counts CJK characters as \\w, so the rules' \\b is widened when a pattern is compiled. It only adds
+    boundaries: the same pattern still refuses a word inside a word, and a `\\b` in a class or escaped stays."""
+    import re
+
+    from loradoctor.logs.rules.literals import cjk_boundaries
+
+    oom = re.compile(cjk_boundaries(r"\bCUDA OOM\b"))
+    assert oom.search("报错CUDA OOM了") and oom.search("got CUDA OOM.") and not oom.search("xCUDA OOMs")
+    # a group whose every alternative starts with a letter, an optional first atom, a lookbehind
+    grows = re.compile(cjk_boundaries(r"\bmemory\b[^.]{0,20}?\b(?:keeps growing|grows)"))
+    assert grows.search("显存memory一直grows")
+    assert not grows.search("显存memory一直xgrows")
+    unsure = re.compile(cjk_boundaries(r"(?<!\bno )\b(?:more than )?\d+ steps\b"))
+    assert unsure.search("跑了300 steps之后") and not unsure.search("no 300 steps")
+    # what a \b is not: a backspace in a class, an escaped backslash before a b
+    assert cjk_boundaries(r"[\b]x") == r"[\b]x" and cjk_boundaries(r"a\\b") == r"a\\b"
+    assert cjk_boundaries(r"[]\b]") == r"[]\b]"
+    # no boundary is added inside an ASCII word or between two CJK characters
+    word = re.compile(cjk_boundaries(r"\bOOM\b"))
+    assert not word.search("ROOM") and not word.search("OOMs") and word.search("显OOM存")
+    assert not re.search(cjk_boundaries(r"显\b存"), "显存")
+
+
+def test_a_glued_cjk_title_is_read_by_a_rule_with_word_boundaries(tmp_path):
+    report = explain_text(tmp_path, "微调Qwen2-VL时报错CUDA OOM了，batch size已经是1\n")
+    assert report.findings and report.findings[0].cause == "oom.capacity"

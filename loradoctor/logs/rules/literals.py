@@ -138,6 +138,126 @@ def paste_tolerant(pattern: str) -> str:
     return pattern
 
 
+# Kana, CJK ideographs and Hangul: Python's `re` counts them as \w, so in `微调时显存OOM` or `报错RuntimeError`
+# (Chinese and Japanese writers glue English to their own words) there is no \b before the English word.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+CJK_BOUNDARY = rf"(?:\b|(?<=[{_CJK}])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[{_CJK}]))"
+# the cheaper forms where the pattern itself writes an ASCII letter or digit on one side of the \b
+_CJK_BEFORE = rf"(?:\b|(?<=[{_CJK}]))"  # `\bOOM`: a CJK character before the O is a boundary too
+_CJK_AFTER = rf"(?:\b|(?=[{_CJK}]))"  # `OOM\b`
+
+
+def _ascii_alnum(ch: str) -> bool:
+    return ch.isascii() and ch.isalnum()
+
+
+def _optional(pattern: str, j: int) -> bool:
+    """The atom that ends before j may be absent (`?`, `*`, `{0,`)."""
+    return pattern[j:j + 1] in ("?", "*") or pattern.startswith("{0", j)
+
+
+def _group_end(pattern: str, j: int) -> int:
+    """The index after the group that opens at j (escapes and classes skipped); len(pattern) if unclosed."""
+    depth, i, n, in_class = 0, j, len(pattern), False
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            i += 2 if pattern[i + 1:i + 2] == "]" else 3 if pattern[i + 1:i + 3] == "^]" else 1
+            continue
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return n
+
+
+def _starts_alnum(pattern: str, j: int, depth: int = 0) -> bool:
+    """Every match of the pattern from j starts with an ASCII letter or digit that the pattern writes
+    (`OOM`, `(?:keeps?|grows)`); False when unsure (an escape, a class, an optional first atom)."""
+    if depth > 4 or j >= len(pattern):
+        return False
+    ch = pattern[j]
+    if _ascii_alnum(ch):
+        return not _optional(pattern, j + 1)
+    if ch != "(":
+        return False
+    end = _group_end(pattern, j)
+    if _optional(pattern, end):
+        return False
+    k = j + 1
+    if pattern.startswith("?:", k):
+        k += 2
+    elif pattern.startswith("?P<", k):
+        k = pattern.find(">", k) + 1
+    elif pattern[k:k + 1] == "?":
+        return False  # a lookaround, inline flags, a back-reference
+    # the alternatives at this group's own level
+    starts, i, level, in_class = [k], k, 0, False
+    while i < end - 1:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            level += 1
+        elif c == ")":
+            level -= 1
+        elif c == "|" and level == 0:
+            starts.append(i + 1)
+        i += 1
+    return all(_starts_alnum(pattern, a, depth + 1) for a in starts)
+
+
+def cjk_boundaries(pattern: str) -> str:
+    """`pattern` with each `\\b` (outside a character class) also true between a CJK character and an ASCII
+    letter or digit: a boundary is only added, never removed, so what matched before still matches. Applied
+    when a pattern is compiled (not to the literals the prefilter derives: they stay the rule's own). Where
+    the pattern writes a letter or digit next to the `\\b` (`\\bOOM`, `OOM\\b`), one lookaround is enough,
+    which keeps the runaway checks' timings (`rules lint`) where they were."""
+    if "\\b" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    prev_alnum = False  # the last thing written is a plain ASCII letter or digit (not an escape, not a class)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < n:
+            if pattern[i + 1] == "b" and not in_class:
+                out.append(_CJK_BEFORE if _starts_alnum(pattern, i + 2) else _CJK_AFTER if prev_alnum else CJK_BOUNDARY)
+            else:
+                out.append(pattern[i:i + 2])
+            prev_alnum = False
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+        prev_alnum = not in_class and _ascii_alnum(ch)
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            if pattern[i:i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i:i + 1] == "]":  # a `]` first in a class is a member
+                out.append("]")
+                i += 1
+    return "".join(out)
+
+
 def derive_literals(pattern: str) -> Optional[list[tuple[str, bool]]]:
     """Literals of which at least one occurs in every match of `pattern`, as (text, ignore_case);
     None when the pattern has no literal part long enough to look for."""
