@@ -655,6 +655,12 @@ def display_width(text: str) -> int:
     return sum(2 if east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
+# the blocks of East Asian wide and full-width characters (Hangul Jamo, CJK, kana, Hangul, full-width forms,
+# emoji, CJK extensions): a quick test that a text has any
+_WIDE_RE = lazy_re("[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6"
+                   "\U0001f300-\U0001faff\U00020000-\U0003fffd]")
+
+
 def _wide_head(text: str) -> bool:
     """`text` starts with a two-column character."""
     if not text or text[0].isascii():
@@ -664,10 +670,13 @@ def _wide_head(text: str) -> bool:
     return east_asian_width(text[0]) in "WF"
 
 
-def _fills(line: str, nxt: str, width: int) -> bool:
-    """`line` fills a console `width` columns wide: exactly `width` columns, or one less when the next line
-    starts with a two-column character that did not fit in the last column (a terminal wraps by display
-    columns, so a line of Chinese text wrapped at 80 has fewer than 80 characters)."""
+def _fills(line: str, nxt: str, width: int, display: bool = True) -> bool:
+    """`line` fills a console `width` wide: exactly `width` characters (`display` False), or, counting
+    display columns, exactly `width` columns or one less when the next line starts with a two-column
+    character that did not fit in the last column (a terminal wraps by display columns, so a line of
+    Chinese text wrapped at 80 has fewer than 80 characters)."""
+    if not display:
+        return len(line) == width
     if len(line) > width or 2 * len(line) < width - 1:
         return False  # (quick: a character takes one column or two)
     cols = display_width(line)
@@ -679,12 +688,32 @@ CONSOLE_WIDTHS = frozenset((80, 100, 120, 132, 140, 150, 160, 180, 200, 220, 240
 
 
 def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> Optional[int]:
-    """The column width a sample was hard-wrapped at, or None. Widths count characters; progress
+    """The column width a sample was hard-wrapped at, or None (detect_wrap: also whether by display columns)."""
+    return detect_wrap(sample, crosses)[0]
+
+
+def detect_wrap(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> tuple[Optional[int], bool]:
+    """(width, by display columns) of a hard wrap, or (None, False). A terminal wraps by display columns
+    (a CJK character takes two); `fold` and some consoles count characters. A sample with no wide character
+    reads the same both ways; otherwise both are tried and the narrower width found wins (a paste folded
+    at 80 characters has CJK lines 160 columns wide, one wrapped at 80 columns ASCII lines of 80 characters)."""
+    text = sample.decode("utf-8", "replace")
+    by_chars = _detect_wrap(text, crosses, False)
+    if text.isascii() or _WIDE_RE.search(text) is None:
+        return by_chars, False
+    by_columns = _detect_wrap(text, crosses, True)
+    if by_chars is not None and (by_columns is None or by_chars < by_columns):
+        return by_chars, False
+    return by_columns, by_columns is not None
+
+
+def _detect_wrap(text: str, crosses: Optional[Callable[[str, str], bool]], display: bool) -> Optional[int]:
+    """The width of detect_wrap, measured in characters or in display columns. Progress
     bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count.
     `crosses(line, next_line)` (the engine's: a rule's pattern matches the two joined across the cut, and
     neither alone) lets a single cut full-width line at a console width, too few to tell a wrap by their
     number, count as a wrap (`... To avoid da` + `ta inconsistency, we are taking the entire process down`)."""
-    lines = sample.decode("utf-8", "replace").split("\n")
+    lines = text.split("\n")
     # a last line without its newline (a paste that ends there, a sample cut mid-line) says nothing of
     # the width, but it is the next line of the one before: it shows that one continues
     unfinished = lines.pop()
@@ -693,7 +722,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
         lines.append(unfinished)
     if not counted:
         return None
-    width = max(display_width(line) for line in counted)
+    width = max(display_width(line) if display else len(line) for line in counted)
     if not WRAP_MIN_WIDTH <= width <= WRAP_MAX_WIDTH:
         return None
     # A wrap continues on the next line: not indented, not another record of the same shape. Lines
@@ -704,7 +733,7 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if not _fills(line, nxt, width) or not (_wrappable(line) or _glued_after_bar(line)) or \
+        if not _fills(line, nxt, width, display) or not (_wrappable(line) or _glued_after_bar(line)) or \
                 (unfinished and i == len(lines) - 1):
             continue
         full_lines.add(line)
@@ -810,13 +839,15 @@ def _glued_after_bar(line: str) -> bool:
     return bool(rest) and rest[-1] not in _TABLE_EDGES
 
 
-def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = False) -> tuple[bytes, list[int], bytes]:
+def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = False,
+                 display: bool = False) -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
     to put before the next block: the last line when it is not finished, and a run of full-width lines
     at the end of the block, whose continuation is in the next block (the run stays whole, so a message
     wrapped over three lines is joined whole across the block boundary). `final`: no block follows (the
     input's end): the last line is joined to the full-width lines before it, a line without a newline too.
+    `display`: the width counts display columns (detect_wrap), not characters.
     A full-width line followed by a line that opens a record of its own (_starts_record: an exception
     line, a traceback's head or frame) is a line exactly the width, not a wrap: a console wraps inside
     a line, and such a cut would have to fall exactly before the exception's name."""
@@ -834,9 +865,9 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = Fal
     for i, line in enumerate(lines):
         last = i == len(lines) - 1
         # (bytes: at least one per column, so a line of fewer bytes than width - 1 fills no console)
-        text = line.decode("utf-8", "replace") if len(line) >= width - 1 else ""
+        text = line.decode("utf-8", "replace") if len(line) >= width - display else ""
         nxt = lines[i + 1][:4].decode("utf-8", "ignore") if text and not last else ""
-        full = bool(text) and _fills(text, nxt, width) and (_wrappable(text) or _glued_after_bar(text))
+        full = bool(text) and _fills(text, nxt, width, display) and (_wrappable(text) or _glued_after_bar(text))
         if full and last and not final:
             # it continues in the next block: carry the whole open run with it
             start = i if run < 0 else run
@@ -890,6 +921,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     which rules are already satisfied before reading big blocks). `recaser` (built only when needed)
     gives a lower-cased input the case of the rules' vocabulary; `crosses` goes to detect_wrap_width."""
     width: Optional[int] = None
+    display = False
     carry = b""
     first = True
     case: Optional[Recaser] = None
@@ -915,7 +947,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             if crosses is not None and case is not None:
                 # a lower-cased paste: the rules read the lines across a cut with their case given back
                 cross = functools.partial(_recased_crosses, crosses, case)
-            width = detect_wrap_width(block[:1 << 20], cross)
+            width, display = detect_wrap(block[:1 << 20], cross)
             item.wrap_width = width
         if case is not None:
             # same length: only the case of letters changes. The input was judged by its first block; a
@@ -928,14 +960,14 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if width is None:
             yield block, []
             continue
-        joined, joins, carry = join_wrapped(block, width, carry)
+        joined, joins, carry = join_wrapped(block, width, carry, display=display)
         if joined:
             yield joined, joins
     if carry:
         if width is None:
             yield carry, []
         else:
-            joined, joins, _ = join_wrapped(b"", width, carry, final=True)
+            joined, joins, _ = join_wrapped(b"", width, carry, final=True, display=display)
             yield joined, joins
 
 
