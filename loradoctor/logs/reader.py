@@ -926,7 +926,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     first = True
     case: Optional[Recaser] = None
     offset = 0  # of the raw block in the input
-    for block in _raw_blocks(item, block_bytes, first_block_bytes):
+    for block, last in _with_last(_raw_blocks(item, block_bytes, first_block_bytes)):
         size = len(block)
         block = straighten_quotes(unescape_html(block))
         if offset < UNQUOTE_BYTES:
@@ -960,7 +960,9 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if width is None:
             yield block, []
             continue
-        joined, joins, carry = join_wrapped(block, width, carry, display=display)
+        # the input's last block is joined to its end (a wrapped last line stays in the block, as when
+        # the input is not wrapped)
+        joined, joins, carry = join_wrapped(block, width, carry, final=last, display=display)
         if joined:
             yield joined, joins
     if carry:
@@ -969,6 +971,17 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         else:
             joined, joins, _ = join_wrapped(b"", width, carry, final=True, display=display)
             yield joined, joins
+
+
+def _with_last(blocks: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """(block, whether it is the last one), reading one block ahead."""
+    prev: Optional[bytes] = None
+    for block in blocks:
+        if prev is not None:
+            yield prev, False
+        prev = block
+    if prev is not None:
+        yield prev, True
 
 
 # A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
