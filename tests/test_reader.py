@@ -673,6 +673,12 @@ def test_a_full_width_line_before_an_exception_line_is_not_joined_to_it():
                 "Traceback (most recent call last):", '  File "/x/train.py", line 3, in <module>'):
         joined, joins, _ = join_wrapped((full + "\n" + nxt + "\n").encode(), 80, final=True)
         assert joins == [] and joined == (full + "\n" + nxt + "\n").encode()
+    # nor before a line that starts with a log record's own header (a paste cut at 120 columns: every line
+    # full width, each a record: torchrun's rank prefix, a glog line, a time stamp)
+    for nxt in ("[rank3]:[E0208 13:02:44.118330007 ProcessGroupNCCL.cpp:1385] [PG ID 0 PG GUID 0",
+                "E0208 13:10:45.390000 7711 torch/distributed/elastic/multiprocessing/api.py:869] failed",
+                "2024-05-01 10:00:00,123 - INFO - step 10", "Mar 14 04:10:06 gpu-n4 kernel: NVRM: Xid 79"):
+        assert join_wrapped((full + "\n" + nxt + "\n").encode(), 80, final=True)[1] == []
     # a continuation that is not one of those is joined
     assert join_wrapped((full + "\nnel ran out of time\n").encode(), 80, final=True)[1] == [80]
 

@@ -893,8 +893,11 @@ def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = Fal
 
 
 # a line that opens a record of its own, which no console wrap continues into: an exception line
-# (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`), a traceback's head, a frame
-_RECORD_START_RE = lazy_re(rb"^(?:\[rank\d+\]: ?)?(?:(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception): |Traceback \(most recent call last\)|  File \")")
+# (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`), a traceback's head, a frame, and a line that starts
+# with a log record's own header (torchrun's `[rank3]:`, a glog `E0208 13:10:45.390000`, an ISO or syslog
+# time stamp): such a header is printed at the start of a line, never in the middle of one
+_RECORD_START_RE = lazy_re(rb"^(?:\[rank\d+\]:|(?:(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception): |Traceback \(most recent call last\)|  File \")|"
+                           rb"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ |\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )")
 
 
 def _starts_record(line: bytes) -> bool:
