@@ -39,6 +39,10 @@ def test_a_transport_failure_first_is_the_root_an_echo_line_never_is():
                  "NCCL WARN Cuda failure 'an illegal memory access was encountered'",
                  "ncclRemoteError: remote process exited or there was a network error"):
         assert timeorder.first_failure("dist.nccl_error", [_seen(1, 4, echo)], "cuda.illegal_access", err) is None
+    # on the erring rank itself the two are one event told twice (a cut `NCCL error in: ..., unhandled ` then its
+    # `Cuda failure 2 'out of memory'`): not ordered
+    own = _seen(0, 6, "torch.distributed.DistBackendError: NCCL error in: ../NCCLUtils.hpp:317, unhandled ")
+    assert timeorder.first_failure("dist.nccl_error", [own], "cuda.illegal_access", err) is None
     # only a rank's own failure is ordered against NCCL (a wrong driver is not an event in time)
     assert timeorder.first_failure("dist.nccl_error", [ib], "env.driver_too_old", err) is None
 

@@ -6,7 +6,7 @@ usually the echo of another rank's crash: their rules list `cuda.*`, `oom.*`, `t
 the crash comes first. When the log shows the NCCL failure FIRST, the order is evidence too:
 
 - a transport failure (an InfiniBand completion error, a verbs call or socket connect that failed, a
-  message truncated) seen before a CUDA error, an OOM or a Python exception on a rank is the first
+  message truncated) seen on one rank before a CUDA error, an OOM or a Python exception on ANOTHER rank is the first
   failure in time: the likelier root, the later error its consequence (a collective that lost its
   network can fault or abort on the GPU). NCCL lines that by their own words report something else (a
   remote process that exited, a peer that closed or reset the connection, a CUDA failure inside NCCL)
@@ -102,7 +102,11 @@ def first_failure(dist_cause: str, dist_seen: Sequence[Seen], event_cause: str,
                 f"({event.where}): it was already waiting in the collective when it failed")
     if event.rank is None:
         return None  # a line of no rank (a `df` run after the crash, a summary) is no rank's failure
-    transport = [s for s in dist_seen if s.rank is not None and not _ECHO_RE.search(s.text) and before(s, event)]
+    # on another rank: on the erring rank itself an NCCL error and a CUDA error are often one event told by
+    # two layers (`DistBackendError: NCCL error in: ..., unhandled cuda error` then its `Last error: Cuda
+    # failure 2 'out of memory'`, whose kind a cut line may have lost)
+    transport = [s for s in dist_seen if s.rank is not None and s.rank != event.rank
+                 and not _ECHO_RE.search(s.text) and before(s, event)]
     if not transport:
         return None
     s = first(transport)
