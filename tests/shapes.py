@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from typing import Callable
 
 
@@ -38,6 +39,38 @@ def fold(text: str, width: int = 80) -> str:
             line = line[width:]
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def _columns(ch: str) -> int:
+    """A terminal's columns for one character: 2 for an East Asian wide or full-width one (CJK)."""
+    return 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+
+
+def fold_display(text: str, width: int = 80) -> str:
+    """A console that hard-wraps at `width` display columns: a CJK character takes two, and one that no
+    longer fits in the last column goes to the next line (that line then has width - 1 columns). A text
+    without a wide character is returned unchanged (the shape does not apply: wrap80 covers it)."""
+    if not any(_columns(ch) == 2 for ch in text):
+        return text
+    out = []
+    for line in text.splitlines():
+        cur: list[str] = []
+        col = 0
+        for ch in line:
+            w = _columns(ch)
+            if col + w > width:
+                out.append("".join(cur))
+                cur, col = [], 0
+            cur.append(ch)
+            col += w
+        out.append("".join(cur))
+    return "\n".join(out) + "\n"
+
+
+def no_final_newline(text: str) -> str:
+    """A paste that ends without a newline (a form field, a chat message): compose it after a wrap
+    (`wrap80+open_end`) to cut the input's last line off its newline."""
+    return text.rstrip("\n") if text.endswith("\n") else text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +223,8 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "compose": _per_line(lambda i, line: "trainer-1  | " + line),
     "kubelet": _per_line(lambda i, line: "2024-05-01T10:00:00.123Z stdout F " + line),
     "wrap80": fold,
+    "wrap80cjk": fold_display,
+    "open_end": no_final_newline,
     # issue 10
     "markdown": render_markdown,
     "lower": str.lower,

@@ -629,3 +629,88 @@ def test_a_rich_frame_header_wrapped_in_its_box_is_completed_on_its_first_line(t
     assert reader.rejoin_rich_headers("\n".join([box[2], f"│ {whole} │", box[2]]).encode()) \
         == "\n".join([box[2], f"│ {whole} │", box[2]]).encode()
 
+
+
+def _wrapped_paste(tmp_path, last: str, newline: bool):
+    """A paste hard-wrapped at 80 columns (enough full-width lines to show the width) whose last message
+    is `last`, folded; written with or without the final newline."""
+    warn = "x" * 10 + " some warning text that is long enough to wrap at eighty columns, and more words" * 2
+    text = "\n".join([warn, "a " + warn, "bb " + warn, "Traceback (most recent call last):",
+                      '  File "/workspace/train.py", line 12, in <module>', "    trainer.train()", last])
+    folded = []
+    for line in text.split("\n"):
+        while len(line) > 80:
+            folded.append(line[:80])
+            line = line[80:]
+        folded.append(line)
+    path = tmp_path / ("nl.log" if newline else "open.log")
+    path.write_text("\n".join(folded) + ("\n" if newline else ""), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("newline", [True, False])
+@pytest.mark.parametrize("size", [117, 160, 240])
+def test_a_wrapped_last_line_is_rejoined_whole(tmp_path, size, newline):
+    """The input's last message wrapped onto two or three lines is one line again: also when its last piece
+    is itself full width (160 = 80 + 80: its continuation would be in a next block that never comes), and
+    when the paste does not end with a newline."""
+    msg = ("RuntimeError: CUDA error: an illegal memory access was encountered while the kernel ran; " * 4)[:size]
+    lines = lines_of(_wrapped_paste(tmp_path, msg, newline))
+    assert lines[-1].text == msg.strip()
+    assert sum(1 for ln in lines if "RuntimeError" in ln.text) == 1
+
+
+def test_a_full_width_line_before_an_exception_line_is_not_joined_to_it():
+    """A line exactly the console's width followed by a line that opens a record of its own (an exception,
+    a traceback head, a frame) is a line of that width, not a wrap: the cut would have to fall exactly
+    before the exception's name (a paste cut at 120 columns ends this way: a cut frame, then the cut error)."""
+    from loradoctor.logs.reader import join_wrapped
+
+    full = "    return F.linear(input, self.weight, self.bias) # a code line exactly eighty cols"
+    full = full[:80]
+    for nxt in ("RuntimeError: CUDA error: an illegal memory access was encountered",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+                "Traceback (most recent call last):", '  File "/x/train.py", line 3, in <module>'):
+        joined, joins, _ = join_wrapped((full + "\n" + nxt + "\n").encode(), 80, final=True)
+        assert joins == [] and joined == (full + "\n" + nxt + "\n").encode()
+    # nor before a line that starts with a log record's own header (a paste cut at 120 columns: every line
+    # full width, each a record: torchrun's rank prefix, a glog line, a time stamp)
+    for nxt in ("[rank3]:[E0208 13:02:44.118330007 ProcessGroupNCCL.cpp:1385] [PG ID 0 PG GUID 0",
+                "E0208 13:10:45.390000 7711 torch/distributed/elastic/multiprocessing/api.py:869] failed",
+                "2024-05-01 10:00:00,123 - INFO - step 10", "Mar 14 04:10:06 gpu-n4 kernel: NVRM: Xid 79"):
+        assert join_wrapped((full + "\n" + nxt + "\n").encode(), 80, final=True)[1] == []
+    # a continuation that is not one of those is joined
+    assert join_wrapped((full + "\nnel ran out of time\n").encode(), 80, final=True)[1] == [80]
+
+
+def test_a_console_wrap_by_display_columns_is_rejoined_in_chinese_text(tmp_path):
+    """A terminal wraps by display columns: a CJK character takes two, so a line of Chinese wrapped at 80
+    columns has fewer than 80 characters, and 79 columns when a wide character did not fit in the last one.
+    Both lines are taken for the wrap they are and rejoined (tests/shapes.py: wrap80cjk)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from shapes import fold_display
+    from loradoctor.logs.reader import display_width
+
+    prose = ("训练的时候一切正常，但是在合并LoRA权重的时候报错显存溢出了，请问这是什么原因？我用的是两张3090显卡，"
+             "每张24G显存，模型是Qwen-7B，合并的脚本是官方提供的merge_lora.py，报错信息如下所示")
+    error = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 23.69 GiB total capacity; "
+             "22.91 GiB already allocated; 8.56 MiB free; 23.09 GiB reserved in total by PyTorch)")
+    pasted = fold_display(prose + "\n" + error + "\n")
+    physical = pasted.splitlines()
+    assert any(len(line) < 80 and display_width(line) in (79, 80) for line in physical[:2])
+    path = tmp_path / "cjk.log"
+    path.write_text(pasted, encoding="utf-8")
+    lines = lines_of(path)
+    assert [ln.text for ln in lines] == [prose, error]
+
+
+def test_a_line_one_column_short_is_no_wrap_unless_a_wide_character_follows():
+    from loradoctor.logs.reader import join_wrapped
+
+    short = "a" * 79
+    assert join_wrapped((short + "\nnext\n").encode(), 80, final=True)[1] == []
+    assert join_wrapped((short + "\n显存溢出\n").encode(), 80, final=True, display=True)[1] == [79]
+    assert join_wrapped((short + "\n显存溢出\n").encode(), 80, final=True)[1] == []  # counting characters

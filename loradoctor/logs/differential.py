@@ -94,7 +94,7 @@ def load_table(path: Path = TABLE) -> tuple[dict[str, list[Alternative]], list[G
     return {cause: _alternatives_for(cause, path) for cause in causes}, _guesses(path)
 
 
-def _entry(f: Finding, tells_apart: str) -> dict[str, Any]:
+def entry(f: Finding, tells_apart: str) -> dict[str, Any]:
     return {"cause": f.cause, "confidence": round(f.confidence, 3), "confidence_label": f.confidence_label,
             "rank": f.rank, "tells_apart": tells_apart,
             "evidence": [{"file": e.file, "line": e.line, "text": e.text} for e in f.evidence[:2]]}
@@ -184,4 +184,4 @@ def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dic
 def differential_field(alts: Sequence[tuple[Finding, str]]) -> list[dict[str, Any]]:
     """The verdict's `differential`: its alternatives with their rank, confidence, evidence and what
     tells each apart (call after the findings are numbered)."""
-    return [_entry(f, tells) for f, tells in alts]
+    return [entry(f, tells) for f, tells in alts]

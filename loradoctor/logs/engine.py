@@ -24,7 +24,7 @@ from loradoctor.env.facts import snapshot_facts
 from loradoctor.logs.facts import (METRIC_DICT_RE, PY_METRIC_DICT_RE, TABLE_HEAD, TRIGGER_LITERALS, FactCollector,
                                    Facts, RawPosition, is_errorish)
 from loradoctor.logs.facts.metrics import RecordColumns
-from loradoctor.logs import differential
+from loradoctor.logs import differential, timeorder
 from loradoctor.logs import facts as facts_mod
 from loradoctor.logs.factnames import group_of
 from loradoctor.logs.rules import Rule, format_value, load_rules, render_template
@@ -835,6 +835,7 @@ class _Candidate:
     where: str
     groups: list[str]
     values: dict = field(default_factory=dict)  # every fact, for explaining the condition
+    seen: list = field(default_factory=list)  # timeorder.Seen of each matched line (rank, time, place)
 
 
 def _earliest(keys: Iterable[tuple]) -> tuple:
@@ -895,8 +896,10 @@ def _build_finding(rule: Rule, state: _RuleState, facts: Facts, values: dict[str
         fixes=[_filled_fix(f, values, first_match) for f in rule.fixes_for(values)], repro=rule.repro, references=list(rule.references),
         area=rule.cause.split(".", 1)[0],
     )
+    seen = [timeorder.Seen(ln.rank, ln.time_s, ln.timestamp, ln.input_index, ln.lineno, e.where(), ln.text)
+            for (ln, _), e in zip(state.matches, evidence)]
     return _Candidate(rule, finding, round(score, 3), numbers, earliest, where,
-                      [group_of(n) for n in log_numbers + env_numbers], values)
+                      [group_of(n) for n in log_numbers + env_numbers], values, seen)
 
 
 def _filled_fix(fix: Fix, values: dict[str, Any], match: Any) -> Fix:
@@ -932,7 +935,7 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
     # latest evidence first: when two findings name each other, the earlier one is the root
     for c in sorted(ordered, key=lambda c: _order_key(c, use_time), reverse=True):
         for p in ordered:
-            if p is c or p.rule.severity != "error" or not c.rule.is_consequence_of(p.rule.cause):
+            if p is c or p.rule.severity != "error" or not _follows(c, p):
                 continue
             if parent.get(id(p)) is c or _descends(p, c, parent):
                 continue
@@ -964,8 +967,45 @@ def rank_candidates(cands: list[_Candidate]) -> list[_Candidate]:
         c.finding.rank = i
         if id(c) in parent:
             c.finding.consequence_of = parent[id(c)].rule.id
+            p = parent[id(c)]
+            if _first_in_time(p, c) is not None and not any(e["cause"] == c.rule.cause for e in p.finding.differential):
+                # the order in time put the NCCL failure first: say what would tell the two apart
+                seen = timeorder.first(c.seen)
+                rank = seen.rank if seen is not None else None
+                p.finding.differential.append(differential.entry(c.finding, timeorder.tells_apart(c.rule.cause, rank)))
     _set_whys(_Order([c.finding for c in final], final))
     return final
+
+
+def _first_in_time(dist: _Candidate, event: _Candidate) -> Optional[str]:
+    """Why `dist` (an NCCL failure or timeout) is the first failure in time and `event` (a rank's CUDA
+    error, OOM or exception) its consequence, in words; None when the order does not say so."""
+    if not timeorder.applies(dist.rule.cause, event.rule.cause) or not dist.rule.is_consequence_of(event.rule.cause):
+        return None
+    return timeorder.first_failure(dist.rule.cause, dist.seen, event.rule.cause, event.seen)
+
+
+def _order_note(event: _Candidate, dist: _Candidate) -> str:
+    """For an event ranked as the root of an NCCL finding: what the order in time says, when it is
+    known and the ranks differ ("" otherwise)."""
+    if not timeorder.applies(dist.rule.cause, event.rule.cause):
+        return ""
+    waited = timeorder.waited_for(dist.rule.cause, dist.seen, event.rule.cause, event.seen)
+    if waited:
+        return waited
+    e, d = timeorder.first(event.seen), timeorder.first(dist.seen)
+    if e is None or d is None or e.rank is None or d.rank is None or e.rank == d.rank or not timeorder.before(e, d):
+        return ""
+    return f"rank {e.rank}'s error ({e.where}) comes first in time, rank {d.rank}'s NCCL failure ({d.where}) after it"
+
+
+def _follows(c: _Candidate, p: _Candidate) -> bool:
+    """c is placed as a consequence of p: c's rule names p's cause in `consequence_of`, unless c is an
+    NCCL failure seen first in time (loradoctor/logs/timeorder.py); or p is that NCCL failure and c the
+    later error."""
+    if c.rule.is_consequence_of(p.rule.cause):
+        return _first_in_time(c, p) is None
+    return _first_in_time(p, c) is not None
 
 
 def _outranks(a: _Candidate, b: _Candidate) -> bool:
@@ -1096,9 +1136,15 @@ def _why(order: _Order, i: int) -> str:
     total = len(final)
     if id(c) in order.parent:
         p = order.parent[id(c)]
+        later = _first_in_time(p, c)
+        if later is not None:
+            return (f"placed after {_label(p)} because it came later: {later}; the first failure in time is "
+                    f"the likelier root (what would tell them apart: #{p.finding.rank}'s differential)")
         globs = ", ".join(g for g in c.rule.consequence_of)
-        return (f"placed after {_label(p)} because it is a consequence of it "
+        text = (f"placed after {_label(p)} because it is a consequence of it "
                 f"({p.rule.cause} matches consequence_of {globs}); the root cause comes first")
+        order_note = _order_note(p, c)
+        return text + (f"; {order_note}" if order_note else "")
     basis = ""
     if c.numbers:
         names = ", ".join(GROUP_NAMES.get(g, g) for g in dict.fromkeys(c.groups))
@@ -1137,7 +1183,11 @@ def _descends(node: _Candidate, root: _Candidate, parent: dict[int, _Candidate])
 def _reason(a: _Candidate, b: _Candidate, basis: str) -> str:
     """Why a ranks above b, naming b."""
     if b.finding.consequence_of == a.rule.id:
-        return f"{_label(b)} is a consequence of this finding, so this is the root"
+        later = _first_in_time(a, b)
+        if later is not None:
+            return f"{_label(b)} came after this failure in time ({later}), so this is the likelier root"
+        note = _order_note(a, b)
+        return f"{_label(b)} is a consequence of this finding, so this is the root" + (f"; {note}" if note else "")
     if b.finding.consequence_of is not None:
         return f"root causes rank before consequences such as {_label(b)}"
     if b.rule.generic and not a.rule.generic:
@@ -1200,7 +1250,7 @@ def add_differential(findings: list[Finding], values: dict[str, Any], tail: list
                       f"what tells them apart: {tells}")
     for i, f in enumerate(out, 1):
         f.rank = i
-    verdict.differential = differential.differential_field(alts)
+    verdict.differential = verdict.differential + differential.differential_field(alts)
     return out
 
 
@@ -1245,9 +1295,12 @@ def finish_order(findings: list[Finding], cands: list[_Candidate]) -> list[Findi
         f.rank = i
     _set_whys(_Order(out, cands, before, promoted))
     alike = {f.cause: f.rank for f in out if f.rule == "differential"}
+    first = {}
+    for f in out:
+        first.setdefault(f.cause, f.rank)
     for f in out:
         for entry in f.differential:
-            entry["rank"] = alike.get(entry["cause"], entry["rank"])
+            entry["rank"] = alike.get(entry["cause"], first.get(entry["cause"], entry["rank"]))
     return out
 
 

@@ -646,23 +646,83 @@ WRAP_MIN_FULL_LINES = 4  # lines of exactly the width, at least
 WRAP_MIN_SHARE = 0.15  # of the lines at least 40 columns wide
 
 
+def display_width(text: str) -> int:
+    """The columns a terminal gives `text`: an East Asian wide or full-width character (CJK) takes two."""
+    if text.isascii():
+        return len(text)
+    from unicodedata import east_asian_width
+
+    return sum(2 if east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+# the blocks of East Asian wide and full-width characters (Hangul Jamo, CJK, kana, Hangul, full-width forms,
+# emoji, CJK extensions): a quick test that a text has any
+_WIDE_RE = lazy_re("[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6"
+                   "\U0001f300-\U0001faff\U00020000-\U0003fffd]")
+
+
+def _wide_head(text: str) -> bool:
+    """`text` starts with a two-column character."""
+    if not text or text[0].isascii():
+        return False
+    from unicodedata import east_asian_width
+
+    return east_asian_width(text[0]) in "WF"
+
+
+def _fills(line: str, nxt: str, width: int, display: bool = True) -> bool:
+    """`line` fills a console `width` wide: exactly `width` characters (`display` False), or, counting
+    display columns, exactly `width` columns or one less when the next line starts with a two-column
+    character that did not fit in the last column (a terminal wraps by display columns, so a line of
+    Chinese text wrapped at 80 has fewer than 80 characters)."""
+    if not display:
+        return len(line) == width
+    if len(line) > width or 2 * len(line) < width - 1:
+        return False  # (quick: a character takes one column or two)
+    cols = display_width(line)
+    return cols == width or (cols == width - 1 and _wide_head(nxt))
+
+
 # console widths people actually have: two full lines at one of these are enough (a short paste)
 CONSOLE_WIDTHS = frozenset((80, 100, 120, 132, 140, 150, 160, 180, 200, 220, 240, 250))
 
 
 def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> Optional[int]:
-    """The column width a sample was hard-wrapped at, or None. Widths count characters; progress
+    """The column width a sample was hard-wrapped at, or None (detect_wrap: also whether by display columns)."""
+    return detect_wrap(sample, crosses)[0]
+
+
+def detect_wrap(sample: bytes, crosses: Optional[Callable[[str, str], bool]] = None) -> tuple[Optional[int], bool]:
+    """(width, by display columns) of a hard wrap, or (None, False). A terminal wraps by display columns
+    (a CJK character takes two); `fold` and some consoles count characters. A sample with no wide character
+    reads the same both ways; otherwise both are tried and the narrower width found wins (a paste folded
+    at 80 characters has CJK lines 160 columns wide, one wrapped at 80 columns ASCII lines of 80 characters)."""
+    text = sample.decode("utf-8", "replace")
+    by_chars = _detect_wrap(text, crosses, False)
+    if text.isascii() or _WIDE_RE.search(text) is None:
+        return by_chars, False
+    by_columns = _detect_wrap(text, crosses, True)
+    if by_chars is not None and (by_columns is None or by_chars < by_columns):
+        return by_chars, False
+    return by_columns, by_columns is not None
+
+
+def _detect_wrap(text: str, crosses: Optional[Callable[[str, str], bool]], display: bool) -> Optional[int]:
+    """The width of detect_wrap, measured in characters or in display columns. Progress
     bars (padded to the terminal's width by tqdm) and `\r` redraws are left out of the count.
     `crosses(line, next_line)` (the engine's: a rule's pattern matches the two joined across the cut, and
     neither alone) lets a single cut full-width line at a console width, too few to tell a wrap by their
     number, count as a wrap (`... To avoid da` + `ta inconsistency, we are taking the entire process down`)."""
-    lines = sample.decode("utf-8", "replace").split("\n")
-    if not sample.endswith(b"\n"):
-        lines.pop()  # a cut last line says nothing
+    lines = text.split("\n")
+    # a last line without its newline (a paste that ends there, a sample cut mid-line) says nothing of
+    # the width, but it is the next line of the one before: it shows that one continues
+    unfinished = lines.pop()
     counted = [line for line in lines if _wrappable(line) or _glued_after_bar(line)]
+    if unfinished:
+        lines.append(unfinished)
     if not counted:
         return None
-    width = max(len(line) for line in counted)
+    width = max(display_width(line) if display else len(line) for line in counted)
     if not WRAP_MIN_WIDTH <= width <= WRAP_MAX_WIDTH:
         return None
     # A wrap continues on the next line: not indented, not another record of the same shape. Lines
@@ -672,10 +732,11 @@ def detect_wrap_width(sample: bytes, crosses: Optional[Callable[[str, str], bool
     full_lines: set[str] = set()
     cut_lines: dict[str, str] = {}  # a cut line -> the first line after it
     for i, line in enumerate(lines):
-        if len(line) != width or not (_wrappable(line) or _glued_after_bar(line)):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if not _fills(line, nxt, width, display) or not (_wrappable(line) or _glued_after_bar(line)) or \
+                (unfinished and i == len(lines) - 1):
             continue
         full_lines.add(line)
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
         # a wrap that fell just before a space leaves that one space at the head of the next line
         # (`... could not be found. Error` + ` loading "...\torch\lib\c10.dll"`); an indented line has more
         if nxt and (not nxt[:1].isspace() or _one_space_head(line, nxt) or _row_rest(line, nxt)) and \
@@ -778,29 +839,69 @@ def _glued_after_bar(line: str) -> bool:
     return bool(rest) and rest[-1] not in _TABLE_EDGES
 
 
-def join_wrapped(block: bytes, width: int, carry: bytes = b"") -> tuple[bytes, list[int], bytes]:
+def join_wrapped(block: bytes, width: int, carry: bytes = b"", final: bool = False,
+                 display: bool = False) -> tuple[bytes, list[int], bytes]:
     """Join every line of exactly `width` characters with the line after it. Returns the joined block,
     the offsets in it where a newline was taken out (sorted: a physical line starts there), and a tail
-    to put before the next block (a full-width last line whose continuation is there)."""
+    to put before the next block: the last line when it is not finished, and a run of full-width lines
+    at the end of the block, whose continuation is in the next block (the run stays whole, so a message
+    wrapped over three lines is joined whole across the block boundary). `final`: no block follows (the
+    input's end): the last line is joined to the full-width lines before it, a line without a newline too.
+    `display`: the width counts display columns (detect_wrap), not characters.
+    A full-width line followed by a line that opens a record of its own (_starts_record: an exception
+    line, a traceback's head or frame) is a line exactly the width, not a wrap: a console wraps inside
+    a line, and such a cut would have to fall exactly before the exception's name."""
     lines = (carry + block).split(b"\n")
     tail = lines.pop()  # b"" when the block ends with a newline
+    open_end = False
+    if final and tail:
+        lines.append(tail)  # the input's last line, without a newline
+        tail, open_end = b"", True
     out: list[bytes] = []
     joins: list[int] = []
     at = 0
+    run = -1  # index in `lines` of the first line of the open run of joined lines, -1 when none
+    run_out, run_at = 0, 0
     for i, line in enumerate(lines):
-        text = line.decode("utf-8", "replace") if len(line) >= width else ""
-        full = len(text) == width and (_wrappable(text) or _glued_after_bar(text))
-        if full and i == len(lines) - 1:
-            tail = line + b"\n" + tail  # it continues in the next block
+        last = i == len(lines) - 1
+        # (bytes: at least one per column, so a line of fewer bytes than width - 1 fills no console)
+        text = line.decode("utf-8", "replace") if len(line) >= width - display else ""
+        nxt = lines[i + 1][:4].decode("utf-8", "ignore") if text and not last else ""
+        full = bool(text) and _fills(text, nxt, width, display) and (_wrappable(text) or _glued_after_bar(text))
+        if full and last and not final:
+            # it continues in the next block: carry the whole open run with it
+            start = i if run < 0 else run
+            tail = b"\n".join(lines[start:]) + b"\n" + tail
+            if run >= 0:
+                del out[run_out:]
+                joins = [j for j in joins if j <= run_at]
+                at = run_at
             break
+        if full and (last or _starts_record(lines[i + 1])):
+            full = False
         if full:
+            if run < 0:
+                run, run_out, run_at = i, len(out), at
             out.append(line)
             at += len(line)
             joins.append(at)
         else:
-            out.append(line + b"\n")
+            run = -1
+            out.append(line if last and open_end else line + b"\n")
             at += len(line) + 1
     return b"".join(out), joins, tail
+
+
+# a line that opens a record of its own, which no console wrap continues into: an exception line
+# (`RuntimeError: ...`, `torch.OutOfMemoryError: ...`), a traceback's head, a frame, and a line that starts
+# with a log record's own header (torchrun's `[rank3]:`, a glog `E0208 13:10:45.390000`, an ISO or syslog
+# time stamp): such a header is printed at the start of a line, never in the middle of one
+_RECORD_START_RE = lazy_re(rb"^(?:\[rank\d+\]:|(?:(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception): |Traceback \(most recent call last\)|  File \")|"
+                           rb"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ |\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )")
+
+
+def _starts_record(line: bytes) -> bool:
+    return _RECORD_START_RE.match(line) is not None
 
 
 def iter_blocks(item: Input, block_bytes: int = BLOCK_BYTES, first_block_bytes: Optional[int] = None) -> Iterator[bytes]:
@@ -823,11 +924,12 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
     which rules are already satisfied before reading big blocks). `recaser` (built only when needed)
     gives a lower-cased input the case of the rules' vocabulary; `crosses` goes to detect_wrap_width."""
     width: Optional[int] = None
+    display = False
     carry = b""
     first = True
     case: Optional[Recaser] = None
     offset = 0  # of the raw block in the input
-    for block in _raw_blocks(item, block_bytes, first_block_bytes):
+    for block, last in _with_last(_raw_blocks(item, block_bytes, first_block_bytes)):
         size = len(block)
         block = straighten_quotes(unescape_html(block))
         if offset < UNQUOTE_BYTES:
@@ -848,7 +950,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
             if crosses is not None and case is not None:
                 # a lower-cased paste: the rules read the lines across a cut with their case given back
                 cross = functools.partial(_recased_crosses, crosses, case)
-            width = detect_wrap_width(block[:1 << 20], cross)
+            width, display = detect_wrap(block[:1 << 20], cross)
             item.wrap_width = width
         if case is not None:
             # same length: only the case of letters changes. The input was judged by its first block; a
@@ -861,11 +963,28 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
         if width is None:
             yield block, []
             continue
-        joined, joins, carry = join_wrapped(block, width, carry)
+        # the input's last block is joined to its end (a wrapped last line stays in the block, as when
+        # the input is not wrapped)
+        joined, joins, carry = join_wrapped(block, width, carry, final=last, display=display)
         if joined:
             yield joined, joins
     if carry:
-        yield carry, []
+        if width is None:
+            yield carry, []
+        else:
+            joined, joins, _ = join_wrapped(b"", width, carry, final=True, display=display)
+            yield joined, joins
+
+
+def _with_last(blocks: Iterator[bytes]) -> Iterator[tuple[bytes, bool]]:
+    """(block, whether it is the last one), reading one block ahead."""
+    prev: Optional[bytes] = None
+    for block in blocks:
+        if prev is not None:
+            yield prev, False
+        prev = block
+    if prev is not None:
+        yield prev, True
 
 
 # A rich traceback box word-wraps a frame's header at the box edge (rich 15: `│ /x/cuda_accelerator.py:296 in │`,
@@ -931,6 +1050,7 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                     nl = probe.find(b"\n")
                     size += nl + 1 if nl >= 0 else len(probe)
                 chunk = stream.read(size)
+                ended = len(chunk) < size  # a short read: the stream's end (a buffered read fills `size` otherwise)
             except read_errors() as exc:
                 raise UserError(f"{item.path}: cannot read ({exc}); truncated or corrupt compressed file?") from None
             if item.compressed:
@@ -965,7 +1085,9 @@ def _raw_blocks(item: Input, block_bytes: int, first_block_bytes: Optional[int])
                 else:
                     rest = buf
                 continue
-            if cut == len(buf) - 1:
+            if cut == len(buf) - 1 or (ended and decoder is None):
+                # (at the end, the last line without its newline stays in the block: the wrap detection
+                # and the join see it after the line it continues)
                 yield buf
                 rest = b""
             else:
