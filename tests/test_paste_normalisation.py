@@ -194,23 +194,23 @@ def test_a_word_boundary_also_falls_between_cjk_and_ascii():
     boundaries: the same pattern still refuses a word inside a word, and a `\\b` in a class or escaped stays."""
     import re
 
-    from loradoctor.logs.rules.literals import cjk_boundaries
+    from loradoctor.logs.rules.literals import wide_boundaries
 
-    oom = re.compile(cjk_boundaries(r"\bCUDA OOM\b"))
+    oom = re.compile(wide_boundaries(r"\bCUDA OOM\b"))
     assert oom.search("报错CUDA OOM了") and oom.search("got CUDA OOM.") and not oom.search("xCUDA OOMs")
     # a group whose every alternative starts with a letter, an optional first atom, a lookbehind
-    grows = re.compile(cjk_boundaries(r"\bmemory\b[^.]{0,20}?\b(?:keeps growing|grows)"))
+    grows = re.compile(wide_boundaries(r"\bmemory\b[^.]{0,20}?\b(?:keeps growing|grows)"))
     assert grows.search("显存memory一直grows")
     assert not grows.search("显存memory一直xgrows")
-    unsure = re.compile(cjk_boundaries(r"(?<!\bno )\b(?:more than )?\d+ steps\b"))
+    unsure = re.compile(wide_boundaries(r"(?<!\bno )\b(?:more than )?\d+ steps\b"))
     assert unsure.search("跑了300 steps之后") and not unsure.search("no 300 steps")
     # what a \b is not: a backspace in a class, an escaped backslash before a b
-    assert cjk_boundaries(r"[\b]x") == r"[\b]x" and cjk_boundaries(r"a\\b") == r"a\\b"
-    assert cjk_boundaries(r"[]\b]") == r"[]\b]"
+    assert wide_boundaries(r"[\b]x") == r"[\b]x" and wide_boundaries(r"a\\b") == r"a\\b"
+    assert wide_boundaries(r"[]\b]") == r"[]\b]"
     # no boundary is added inside an ASCII word or between two CJK characters
-    word = re.compile(cjk_boundaries(r"\bOOM\b"))
+    word = re.compile(wide_boundaries(r"\bOOM\b"))
     assert not word.search("ROOM") and not word.search("OOMs") and word.search("显OOM存")
-    assert not re.search(cjk_boundaries(r"显\b存"), "显存")
+    assert not re.search(wide_boundaries(r"显\b存"), "显存")
 
 
 def test_a_glued_cjk_title_is_read_by_a_rule_with_word_boundaries(tmp_path):

@@ -138,13 +138,15 @@ def paste_tolerant(pattern: str) -> str:
     return pattern
 
 
-# Kana, CJK ideographs and Hangul: Python's `re` counts them as \w, so in `微调时显存OOM` or `报错RuntimeError`
-# (Chinese and Japanese writers glue English to their own words) there is no \b before the English word.
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-CJK_BOUNDARY = rf"(?:\b|(?<=[{_CJK}])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[{_CJK}]))"
+# Python's `re` counts every letter as \w, CJK characters included, so in `微调时显存OOM了` or `报错RuntimeError`
+# (Chinese and Japanese writers glue English to their own words; so do some others: `ошибкаCUDA`) there is
+# no \b before the English word. The rules' words are ASCII: a \b also holds between a non-ASCII character
+# and an ASCII letter or digit. (Classes of the CJK blocks would say it more narrowly, but each costs 2-10 ms
+# to compile and a log compiles hundreds of them.)
+WIDE_BOUNDARY = r"(?:\b|(?<=[^\x00-\x7f])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[^\x00-\x7f]))"
 # the cheaper forms where the pattern itself writes an ASCII letter or digit on one side of the \b
-_CJK_BEFORE = rf"(?:\b|(?<=[{_CJK}]))"  # `\bOOM`: a CJK character before the O is a boundary too
-_CJK_AFTER = rf"(?:\b|(?=[{_CJK}]))"  # `OOM\b`
+_WIDE_BEFORE = r"(?:\b|(?<=[^\x00-\x7f]))"  # `\bOOM`: a non-ASCII character before the O is a boundary too
+_WIDE_AFTER = r"(?:\b|(?=[^\x00-\x7f]))"  # `OOM\b`
 
 
 def _ascii_alnum(ch: str) -> bool:
@@ -221,9 +223,22 @@ def _starts_alnum(pattern: str, j: int, depth: int = 0) -> bool:
     return all(_starts_alnum(pattern, a, depth + 1) for a in starts)
 
 
-def cjk_boundaries(pattern: str) -> str:
-    """`pattern` with each `\\b` (outside a character class) also true between a CJK character and an ASCII
-    letter or digit: a boundary is only added, never removed, so what matched before still matches. Applied
+_META = frozenset(".^$*+?{}[]\\|()")
+
+
+def _leading_literal(pattern: str, j: int) -> str:
+    """The run of plain characters from j (no metacharacter, not the one a quantifier applies to)."""
+    k = j
+    while k < len(pattern) and pattern[k] not in _META:
+        k += 1
+    if k < len(pattern) and pattern[k] in "?*+{" and k > j:
+        k -= 1  # `errors?`: the s belongs to the quantifier
+    return pattern[j:k]
+
+
+def wide_boundaries(pattern: str) -> str:
+    """`pattern` with each `\\b` (outside a character class) also true between a non-ASCII character (CJK) and
+    an ASCII letter or digit: a boundary is only added, never removed, so what matched before still matches. Applied
     when a pattern is compiled (not to the literals the prefilter derives: they stay the rule's own). Where
     the pattern writes a letter or digit next to the `\\b` (`\\bOOM`, `OOM\\b`), one lookaround is enough,
     which keeps the runaway checks' timings (`rules lint`) where they were."""
@@ -232,11 +247,17 @@ def cjk_boundaries(pattern: str) -> str:
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
     prev_alnum = False  # the last thing written is a plain ASCII letter or digit (not an escape, not a class)
+    lead = _leading_literal(pattern, 2) if pattern.startswith("\\b") else ""
+    if lead and _ascii_alnum(lead[0]):
+        # `\bNCCL WARN` as `NCCL WARN(?<![A-Za-z0-9_]NCCL WARN)`: the same boundary, checked after the
+        # literal, so that `re` scans for the literal prefix (a leading \b makes it try every position: 20x slower)
+        out.append(f"{lead}(?<![A-Za-z0-9_]{lead})")
+        i, prev_alnum = 2 + len(lead), _ascii_alnum(lead[-1])
     while i < n:
         ch = pattern[i]
         if ch == "\\" and i + 1 < n:
             if pattern[i + 1] == "b" and not in_class:
-                out.append(_CJK_BEFORE if _starts_alnum(pattern, i + 2) else _CJK_AFTER if prev_alnum else CJK_BOUNDARY)
+                out.append(_WIDE_BEFORE if _starts_alnum(pattern, i + 2) else _WIDE_AFTER if prev_alnum else WIDE_BOUNDARY)
             else:
                 out.append(pattern[i:i + 2])
             prev_alnum = False

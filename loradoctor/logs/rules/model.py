@@ -12,7 +12,7 @@ from loradoctor.findings import Fix, confidence_value
 from loradoctor.logs.factnames import KNOWN_FACT_SET
 from loradoctor.logs.rules.condition import Condition, ConditionError, compile_fix_conditions, fixes_that_apply
 from loradoctor.logs.rules.redos import static_problems
-from loradoctor.logs.rules.literals import _literals_for, cjk_boundaries, paste_tolerant
+from loradoctor.logs.rules.literals import _literals_for, wide_boundaries, paste_tolerant
 from loradoctor.logs.rules.templates import check_template
 
 @record(eq=False, repr=False)  # identity is a rule's equality
@@ -116,7 +116,7 @@ def _compile_regex(pattern: str):
     timeout, so a pattern nobody vetted cannot stall a run."""
     import regex
 
-    return regex.compile(cjk_boundaries(paste_tolerant(pattern)), regex.V0)
+    return regex.compile(wide_boundaries(paste_tolerant(pattern)), regex.V0)
 
 
 def _compile_vetted(pattern: str):
@@ -124,7 +124,7 @@ def _compile_vetted(pattern: str):
     static and timed runaway checks (`rules lint`, run in CI, times it in both engines) and a line is
     at most reader.MAX_LINE_CHARS long, so no search needs a timeout; `re` is there already, where
     importing `regex` costs ~20 ms of every start-up (docs/rules.md, "Speed notes")."""
-    return re.compile(cjk_boundaries(paste_tolerant(pattern)))
+    return re.compile(wide_boundaries(paste_tolerant(pattern)))
 
 
 class LazyRegexes:
