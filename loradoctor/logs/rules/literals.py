@@ -141,12 +141,11 @@ def paste_tolerant(pattern: str) -> str:
 # Python's `re` counts every letter as \w, CJK characters included, so in `微调时显存OOM了` or `报错RuntimeError`
 # (Chinese and Japanese writers glue English to their own words; so do some others: `ошибкаCUDA`) there is
 # no \b before the English word. The rules' words are ASCII: a \b also holds between a non-ASCII character
-# and an ASCII letter or digit. (Classes of the CJK blocks would say it more narrowly, but each costs 2-10 ms
-# to compile and a log compiles hundreds of them.)
-WIDE_BOUNDARY = r"(?:\b|(?<=[^\x00-\x7f])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[^\x00-\x7f]))"
-# the cheaper forms where the pattern itself writes an ASCII letter or digit on one side of the \b
-_WIDE_BEFORE = r"(?:\b|(?<=[^\x00-\x7f]))"  # `\bOOM`: a non-ASCII character before the O is a boundary too
-_WIDE_AFTER = r"(?:\b|(?=[^\x00-\x7f]))"  # `OOM\b`
+# and an ASCII letter or digit, which is the ASCII-mode \b, `(?a:\b)`. No character classes: one of the CJK
+# blocks costs 2-10 ms to compile (a log compiles hundreds), `(?a:\b)` costs what \b does.
+WIDE_BOUNDARY = r"(?:\b|(?a:\b))"
+# where the pattern writes an ASCII letter or digit on one side, the ASCII-mode boundary alone is the same
+_WIDE_SIDE = r"(?a:\b)"
 
 
 def _ascii_alnum(ch: str) -> bool:
@@ -249,15 +248,15 @@ def wide_boundaries(pattern: str) -> str:
     prev_alnum = False  # the last thing written is a plain ASCII letter or digit (not an escape, not a class)
     lead = _leading_literal(pattern, 2) if pattern.startswith("\\b") else ""
     if lead and _ascii_alnum(lead[0]):
-        # `\bNCCL WARN` as `NCCL WARN(?<![A-Za-z0-9_]NCCL WARN)`: the same boundary, checked after the
-        # literal, so that `re` scans for the literal prefix (a leading \b makes it try every position: 20x slower)
-        out.append(f"{lead}(?<![A-Za-z0-9_]{lead})")
+        # `\bNCCL WARN` as `NCCL WARN(?<!(?a:\w)NCCL WARN)`: the same boundary, checked after the literal,
+        # so that `re` scans for the literal prefix (a leading \b makes it try every position: 20x slower)
+        out.append(f"{lead}(?<!(?a:\\w){lead})")
         i, prev_alnum = 2 + len(lead), _ascii_alnum(lead[-1])
     while i < n:
         ch = pattern[i]
         if ch == "\\" and i + 1 < n:
             if pattern[i + 1] == "b" and not in_class:
-                out.append(_WIDE_BEFORE if _starts_alnum(pattern, i + 2) else _WIDE_AFTER if prev_alnum else WIDE_BOUNDARY)
+                out.append(_WIDE_SIDE if prev_alnum or _starts_alnum(pattern, i + 2) else WIDE_BOUNDARY)
             else:
                 out.append(pattern[i:i + 2])
             prev_alnum = False
