@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Optional
+from typing import Iterator, Optional
 
 MIN_DERIVED_LITERAL = 3  # a derived prefilter literal shorter than this would match everywhere
 
@@ -157,28 +157,53 @@ def _optional(pattern: str, j: int) -> bool:
     return pattern[j:j + 1] in ("?", "*") or pattern.startswith("{0", j)
 
 
-def _group_end(pattern: str, j: int) -> int:
-    """The index after the group that opens at j (escapes and classes skipped); len(pattern) if unclosed."""
-    depth, i, n, in_class = 0, j, len(pattern), False
+def regex_structure(pattern: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of each character of `pattern` from `start` that is neither escaped nor inside a
+    character class: the characters that give a regex its structure (groups, `|`, quantifiers)."""
+    i, n = start, len(pattern)
     while i < n:
         ch = pattern[i]
         if ch == "\\":
             i += 2
             continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-            i += 2 if pattern[i + 1:i + 2] == "]" else 3 if pattern[i + 1:i + 3] == "^]" else 1
+        if ch == "[":
+            i += 1
+            if pattern[i:i + 1] == "^":
+                i += 1
+            if pattern[i:i + 1] == "]":  # a `]` first in a class is a member
+                i += 1
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
             continue
-        elif ch == "(":
+        yield i, ch
+        i += 1
+
+
+def _group_end(pattern: str, j: int) -> int:
+    """The index after the group that opens at j; len(pattern) if unclosed."""
+    depth = 0
+    for i, ch in regex_structure(pattern, j):
+        if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
             if depth == 0:
                 return i + 1
-        i += 1
-    return n
+    return len(pattern)
+
+
+def split_alternatives(body: str) -> list[str]:
+    """The alternatives of a regex body at its own level (`a|(b|c)|d` -> a, (b|c), d)."""
+    cuts, depth = [], 0
+    for i, ch in regex_structure(body):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "|" and depth == 0:
+            cuts.append(i)
+    return [body[a + 1 if a >= 0 else 0:b] for a, b in zip([-1] + cuts, cuts + [len(body)])]
 
 
 def _starts_alnum(pattern: str, j: int, depth: int = 0) -> bool:
@@ -201,25 +226,7 @@ def _starts_alnum(pattern: str, j: int, depth: int = 0) -> bool:
         k = pattern.find(">", k) + 1
     elif pattern[k:k + 1] == "?":
         return False  # a lookaround, inline flags, a back-reference
-    # the alternatives at this group's own level
-    starts, i, level, in_class = [k], k, 0, False
-    while i < end - 1:
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
-            level += 1
-        elif c == ")":
-            level -= 1
-        elif c == "|" and level == 0:
-            starts.append(i + 1)
-        i += 1
-    return all(_starts_alnum(pattern, a, depth + 1) for a in starts)
+    return all(_starts_alnum(alt, 0, depth + 1) for alt in split_alternatives(pattern[k:end - 1]))
 
 
 _META = frozenset(".^$*+?{}[]\\|()")

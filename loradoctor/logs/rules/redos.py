@@ -14,7 +14,7 @@ import re
 import time
 from typing import Iterable, Optional
 
-from loradoctor.logs.rules.literals import _constants, _parser, derive_literals
+from loradoctor.logs.rules.literals import _constants, _parser, derive_literals, regex_structure, split_alternatives
 
 UNBOUNDED = 1 << 16  # a repeat above this many is "unbounded" (sre writes MAXREPEAT)
 PUMP_CHARS = 2000  # length of a pump string; times are reported per 1,000 characters
@@ -276,19 +276,8 @@ def _groups(pattern: str) -> Iterable[tuple[str, str]]:
     merges `(a|a)` into one literal and `(\\w|\\d)` into one class, hiding what the `regex` engine
     will backtrack over)."""
     stack: list[int] = []
-    i, n, in_class = 0, len(pattern), False
-    while i < n:
-        ch = pattern[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-            if pattern[i + 1:i + 2] == "]":
-                i += 1
-        elif ch == "(":
+    for i, ch in regex_structure(pattern):
+        if ch == "(":
             stack.append(i)
         elif ch == ")" and stack:
             start = stack.pop()
@@ -298,34 +287,6 @@ def _groups(pattern: str) -> Iterable[tuple[str, str]]:
             elif body.startswith("?"):
                 body = body[body.index(":") + 1:] if body[1:2] in (":", "P", "i", "s", "m", "x", "a", "u", "L") and ":" in body[:12] else ""
             yield body, pattern[i + 1:i + 8]
-        i += 1
-
-
-def _split_top(body: str) -> list[str]:
-    parts, depth, in_class, cur, i = [], 0, False, [], 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\":
-            cur.append(body[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = ch != "]"
-        elif ch == "[":
-            in_class = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "|" and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            i += 1
-            continue
-        cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return parts
 
 
 def _alternatives_problems(pattern: str) -> list[str]:
@@ -337,7 +298,7 @@ def _alternatives_problems(pattern: str) -> list[str]:
     for body, after in _groups(pattern):
         if not std_re.match(r"(?:[+*]|\{\d*,\})", after):
             continue
-        alts = _split_top(body)
+        alts = split_alternatives(body)
         if len(alts) < 2:
             continue
         firsts = []
