@@ -408,6 +408,8 @@ def test_oom_killer_and_bare_killed():
     assert is_bare_killed("Killed")
     assert is_bare_killed("/bin/bash: line 1: 12345 Killed                  python train.py")
     assert not is_bare_killed("Killed process 1 (x)") and not is_bare_killed("Process was killed by user")
+    # a lower-cased paste keeps the shell's word in lower case
+    assert is_bare_killed("killed") and collect(["killed"]).flat()["killed.bare"] is True
     assert parse_exit_code("ERROR: process exited with code 137") == 137
     assert parse_exit_code("subprocess.CalledProcessError: ... died with <Signals.SIGKILL: 9>.") == -9
     f = collect(["Killed", "[ 5107.1] Out of memory: Killed process 9 (python) total-vm:1kB, anon-rss:1024kB"]).flat()

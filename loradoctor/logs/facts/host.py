@@ -23,7 +23,8 @@ class OomKill:
 # the prefixes are optional, so the regex starts at `Kill` (an optional `:?\s*` before it rescanned a
 # long run of spaces from each of them)
 _OOM_KILL_RE = lazy_re(r"Kill(?:ed)? process (\d+) \(([^)]*)\)(?:.*?anon-rss:\s*(\d+)\s*kB)?")
-_BARE_KILLED_RE = lazy_re(r"^(?:\S*: line \d+:\s+\d+\s+)?Killed(?:\s+\S.*)?$")
+# (`killed` too: a lower-cased paste, an issue title, keeps the shell's word in lower case)
+_BARE_KILLED_RE = lazy_re(r"^(?:\S*: line \d+:\s+\d+\s+)?[Kk]illed(?:\s+\S.*)?$")
 _EXIT_CODE_RE = lazy_re(r"(?:exit(?:ed with)? (?:code|status)|exitcode|return code|returned non-zero exit status|exit_code)"
                            r"\s*(?:[:=]\s*)?(-?\d+)", re.I)  # not `\s*[:=]?\s*`: two runs that split the same
                                                                # whitespace in n ways (tab padding: 3.2 s a line)
@@ -73,7 +74,7 @@ def names_blackwell(text: str) -> bool:
 
 class HostExtractor(Extractor):
     TRIGGERS = (
-        ("Killed", False), ("Kill process", False), ("exit code", True), ("exit status", True),
+        ("Killed", True), ("Kill process", False), ("exit code", True), ("exit status", True),
         ("return code", True), ("SIGKILL", False), ("Code 43", False), ("Problem Code", False),
         # the rest of _EXIT_CODE_RE's words (`failed (exitcode: -9)`, `exit_code: 137`, `exited with code`)
         ("exitcode", True), ("exit_code", True), ("exited with", True),
@@ -107,7 +108,7 @@ class HostExtractor(Extractor):
                              "killed.anon_rss_bytes": kill.anon_rss_bytes})
             self.sink._evidence("killed", line)
             return True
-        if "Killed" in text and is_bare_killed(text):
+        if "illed" in text and is_bare_killed(text):
             self.sink.values["killed.bare"] = True
             self.sink._evidence("killed", line)
             return True
