@@ -237,20 +237,23 @@ def read_json(kind: str, key: str) -> Optional[Any]:
         return None
 
 
-def write_json(kind: str, key: str, value: Any) -> bool:
-    return write_bytes(kind, key, ".json", json.dumps(value, sort_keys=True, default=str).encode("utf-8"))
+def write_json(kind: str, key: str, value: Any, sort_keys: bool = True) -> bool:
+    return write_bytes(kind, key, ".json", json.dumps(value, sort_keys=sort_keys, default=str).encode("utf-8"))
 
 
 def yaml_data(path: Path, kind: str) -> dict:
     """A YAML data file shipped with loradoctor (a mapping at the top), parsed and kept here as plain
     JSON (never a pickle) while the file is unchanged: reading the JSON back costs a millisecond,
     importing and running the YAML parser 10-40 ms of a command's start. Only data that JSON gives
-    back unchanged is kept; an entry that is not a mapping is ignored and the file parsed again."""
+    back unchanged is kept; an entry that is not a mapping is ignored and the file parsed again. The JSON
+    keeps the file's order of keys (the catalogue's order is the docs page's and `rules list`'s): a cached
+    read gives what a fresh parse gives."""
     from loradoctor import __version__
 
     try:
         st = path.stat()
-        key: Optional[str] = digest([__version__, str(path), st.st_size, st.st_mtime_ns])
+        # ("file order": entries written before it had their keys sorted)
+        key: Optional[str] = digest([__version__, "file order", str(path), st.st_size, st.st_mtime_ns])
     except OSError:
         key = None
     if key is not None:
@@ -267,7 +270,7 @@ def yaml_data(path: Path, kind: str) -> dict:
         except (TypeError, ValueError):
             plain = False
         if plain:
-            write_json(kind, key, data)
+            write_json(kind, key, data, sort_keys=False)
     return data
 
 

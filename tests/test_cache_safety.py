@@ -245,3 +245,18 @@ def test_yaml_data_is_kept_as_json_and_follows_the_file(tmp_path, monkeypatch):
     before = set((tmp_path / "c").iterdir())
     assert str(cache.yaml_data(dated, "t")["when"]) == "2024-05-01"
     assert set((tmp_path / "c").iterdir()) == before
+
+
+def test_yaml_data_keeps_the_file_order_of_keys_when_cached(tmp_path, monkeypatch):
+    """The catalogue's order is the docs page's: a read from the cache gives the keys in the file's order, as a
+    fresh parse does (the JSON was written with sorted keys, so the page came out in another order once cached)."""
+    from loradoctor import cache
+
+    monkeypatch.setenv("LORADOCTOR_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.delenv("LORADOCTOR_NO_CACHE", raising=False)
+    table = tmp_path / "causes.yaml"
+    table.write_text("causes:\n  oom.capacity: 1\n  dist.launcher: 2\n  env.no_gpu_visible: 3\n", encoding="utf-8")
+    fresh = list(cache.yaml_data(table, "t")["causes"])
+    assert any(p.suffix == ".json" for p in (tmp_path / "c").iterdir())
+    cached = list(cache.yaml_data(table, "t")["causes"])
+    assert fresh == cached == ["oom.capacity", "dist.launcher", "env.no_gpu_visible"]
