@@ -15,7 +15,7 @@ from loradoctor.logs.facts import FactCollector
 from loradoctor.logs.facts.aggregate import LossAggregate, RepeatTracker
 from loradoctor.logs.facts.metrics import parse_bar_description, parse_metric_record
 from loradoctor.logs.reader import Line
-from loradoctor.logs.rules.redos import _split_top
+from loradoctor.logs.rules.literals import split_alternatives
 
 NAN = float("nan")
 
@@ -379,7 +379,7 @@ def test_precision_hints_cover_every_form_the_regexes_match():
     from loradoctor.logs.facts.metrics import _BF16_ON_RE, _FP16_ON_RE, _PRECISION_HINTS, precision_of
 
     for regex in (_FP16_ON_RE, _BF16_ON_RE):
-        alternatives = _split_top(regex.pattern)  # cut at its top-level `|`
+        alternatives = split_alternatives(regex.pattern)  # cut at its top-level `|`
         assert len(alternatives) == 8
         for alternative in alternatives:
             assert any(hint in alternative for hint in _PRECISION_HINTS), alternative
