@@ -661,15 +661,6 @@ _WIDE_RE = lazy_re("[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-
                    "\U0001f300-\U0001faff\U00020000-\U0003fffd]")
 
 
-def _wide_head(text: str) -> bool:
-    """`text` starts with a two-column character."""
-    if not text or text[0].isascii():
-        return False
-    from unicodedata import east_asian_width
-
-    return east_asian_width(text[0]) in "WF"
-
-
 def _fills(line: str, nxt: str, width: int, display: bool = True) -> bool:
     """`line` fills a console `width` wide: exactly `width` characters (`display` False), or, counting
     display columns, exactly `width` columns or one less when the next line starts with a two-column
@@ -680,7 +671,7 @@ def _fills(line: str, nxt: str, width: int, display: bool = True) -> bool:
     if len(line) > width or 2 * len(line) < width - 1:
         return False  # (quick: a character takes one column or two)
     cols = display_width(line)
-    return cols == width or (cols == width - 1 and _wide_head(nxt))
+    return cols == width or (cols == width - 1 and display_width(nxt[:1]) == 2)
 
 
 # console widths people actually have: two full lines at one of these are enough (a short paste)
