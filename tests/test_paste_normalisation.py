@@ -71,8 +71,8 @@ def test_only_an_input_without_upper_case_is_recased(tmp_path):
     report = explain_text(tmp_path, lowered)
     assert report.findings and report.findings[0].cause == "train.device_mismatch"
     assert reader.is_lowered(lowered.encode()) and not reader.is_lowered(b"RuntimeError: x")
-    # evidence quotes the line as the reader gave it back: with the case of the vocabulary restored
-    assert "Expected all tensors" in report.findings[0].evidence[0].text
+    # the rules read the line with the vocabulary's case given back; the evidence quotes it as pasted
+    assert report.findings[0].evidence[0].text == lowered.strip()
 
 
 def test_a_lower_cased_title_above_a_cased_body_gets_its_case_back(tmp_path):
@@ -82,7 +82,7 @@ def test_a_lower_cased_title_above_a_cased_body_gets_its_case_back(tmp_path):
              "to use as pad_token (tokenizer.pad_token = tokenizer.eos_token e.g.) or add a new pad token via to\n")
     report = explain_text(tmp_path, title + "\nI hit this with the example script.\n")
     assert report.findings and report.findings[0].cause == "train.tokenizer_setup"
-    assert report.findings[0].evidence[0].text.startswith("ValueError: Asking to pad")
+    assert report.findings[0].evidence[0].text == title.strip()  # quoted as pasted
     # the same title below the first line is prose of a cased input: left as it is (nothing found)
     report = explain_text(tmp_path, "I hit this with the example script.\n" + title)
     assert not report.findings or report.findings[0].cause != "train.tokenizer_setup"
@@ -96,10 +96,10 @@ def test_a_title_is_recased_only_when_it_names_an_error():
         return recaser_for(load_rules())
 
     block = b"loading checkpoint shards: 100%\nRuntimeError: x\n"
-    assert reader.recase_title(block, factory) == block and not calls  # no error word: vocabulary not built
+    assert reader.recase_title(block, factory) == (block, None) and not calls  # no error word: vocabulary not built
     block = b"\n  runtimeerror: cuda out of memory. tried to allocate 2.00 gib\nPlease help\n"
-    cased = reader.recase_title(block, factory)
-    assert len(cased) == len(block) and b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in cased
+    cased, lineno = reader.recase_title(block, factory)
+    assert lineno == 2 and len(cased) == len(block) and b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" in cased
     assert cased.endswith(b"Please help\n")
 
 
@@ -216,3 +216,26 @@ def test_a_word_boundary_also_falls_between_cjk_and_ascii():
 def test_a_glued_cjk_title_is_read_by_a_rule_with_word_boundaries(tmp_path):
     report = explain_text(tmp_path, "微调Qwen2-VL时报错CUDA OOM了，batch size已经是1\n")
     assert report.findings and report.findings[0].cause == "oom.capacity"
+
+
+def _lowered_pastes() -> list:
+    root = ROOT / "fixtures" / "pastes"
+    found = [p for p in sorted(root.rglob("*.log")) if reader.is_lowered(p.read_bytes()[: 1 << 20])]
+    return found[:40]
+
+
+@pytest.mark.parametrize("path", _lowered_pastes(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_evidence_of_a_lowered_paste_quotes_it_as_pasted(path):
+    """The rules read a lower-cased paste with the vocabulary's case given back; what the report quotes
+    is the user's own line (the evidence is found in the file, lower-case)."""
+    from loradoctor.logs.engine import explain
+
+    report = explain([str(path)])
+    pasted = path.read_text(encoding="utf-8", errors="replace")
+    quotes = [e.text for f in report.findings for e in f.evidence if e.line is not None and e.file == str(path)]
+    quotes += [e.text for e in report.unrecognised_tail]
+    assert quotes, "a lowered fixture paste with nothing quoted"
+    for q in quotes:
+        q = q[:-3] if q.endswith("...") else q
+        assert q.lower() == q or q.split()[0][:4].isdigit(), q  # a timestamp prefix keeps its own capitals
+        assert q in pasted or q in " ".join(pasted.split()), q

@@ -322,6 +322,24 @@ def recaser_for(rules: list[Rule]) -> reader.Recaser:
     return found
 
 
+def quote_as_pasted(inputs: list[reader.Input], rules: list[Rule], evidence: list[Evidence]) -> None:
+    """Evidence from a paste whose case the reader gave back (a lower-cased paste, or its lower-cased
+    title line) quotes the line as it was pasted: lower-case again, when giving the lower-cased quote
+    its case back yields the quote (a line of a later block that kept its own capitals, or a quote cut
+    inside a word, stays as read)."""
+    items = {item.path: item for item in inputs if item.lowered or item.recased_title}
+    if not items:
+        return
+    case = recaser_for(rules)
+    for ev in evidence:
+        item = items.get(ev.file)
+        if item is None or ev.line is None or (not item.lowered and ev.line != item.recased_title):
+            continue
+        low = ev.text.lower()
+        if low != ev.text and case.recase(low.encode("utf-8")) == ev.text.encode("utf-8"):
+            ev.text = low
+
+
 def scan_inputs(inputs: list[reader.Input], rules: list[Rule], collector: FactCollector,
                 progress: Optional[Callable] = None,
                 resolve: Optional[Callable[[Rule, "_RuleState"], bool]] = None) -> list[_RuleState]:
@@ -1350,6 +1368,7 @@ def explain(paths: list[str], extra_rule_dirs: Iterable[str] = (), env: Optional
     # use_cache one does not explain a `KeyError: 'input_ids'` traceback)
     diagnosed = any(f.severity in ("error", "warning") for f in findings)
     tail = list(collector.error_tail) if not diagnosed else []
+    quote_as_pasted(inputs, rules, [e for f in findings for e in f.evidence] + tail)
     if differential_on:
         findings = add_differential(findings, values, tail, rules)
     findings = finish_order(findings, ranked)

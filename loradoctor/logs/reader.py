@@ -101,6 +101,7 @@ class Input:
     wrap_width: Optional[int] = None  # hard-wrapped at this many columns (a console copy): lines rejoined
     notes: list = field(default_factory=list)  # what the engine skipped in this input (a rule past its time budget)
     lowered: bool = False  # pasted lower-cased: the vocabulary's case was given back (Recaser)
+    recased_title: Optional[int] = None  # the physical line of a lower-cased title given its case back
 
     def to_dict(self) -> dict:
         ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
@@ -484,20 +485,21 @@ _TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed", b"req
 _NONBLANK_RE = lazy_re(rb"[^ \t\r\n]")
 
 
-def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> bytes:
-    """The block with its first non-blank line recased when that line is lower-case and names an error."""
+def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes, Optional[int]]:
+    """The block with its first non-blank line recased when that line is lower-case and names an error,
+    and that line's number in the block (1-based; None when nothing was recased)."""
     first = _NONBLANK_RE.search(block, 0, 4096)  # no copy of a big first block
     if first is None:
-        return block
+        return block, None
     start = first.start()
     end = block.find(b"\n", start, start + 401)
     end = len(block) if end < 0 and len(block) - start <= 400 else end
     if end < 0:  # longer than a title
-        return block
+        return block, None
     title = block[start:end]
     if not title.islower() or not any(w in title for w in _TITLE_ERROR_WORDS):
-        return block
-    return block[:start] + recaser().recase(title) + block[end:]
+        return block, None
+    return block[:start] + recaser().recase(title) + block[end:], block.count(b"\n", 0, start) + 1
 
 
 # a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
@@ -936,7 +938,7 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
                 item.lowered = True
                 case = recaser()
             elif recaser is not None:
-                block = recase_title(block, recaser)
+                block, item.recased_title = recase_title(block, recaser)
             cross = crosses
             if crosses is not None and case is not None:
                 # a lower-cased paste: the rules read the lines across a cut with their case given back
