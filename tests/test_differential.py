@@ -39,6 +39,18 @@ def test_an_ambiguous_oom_lists_its_look_alikes_after_the_verdict(tmp_path):
     assert any("expandable_segments" in d["tells_apart"] for d in verdict.differential)
 
 
+def test_an_error_found_on_its_own_evidence_is_not_placed_below_the_look_alikes():
+    """A look-alike (0.3) only rereads the verdict's lines; another rule's error at high confidence (the
+    bitsandbytes failure after the sm_120 refusal) stays right after the verdict."""
+    from conftest import ROOT
+    from loradoctor.logs.engine import explain
+
+    report = explain([str(ROOT / "fixtures" / "cascades" / "sm120-unsupported-then-bnb-error")])
+    order = [(f.cause, f.rule) for f in report.findings]
+    assert order[0][0] == "env.arch_unsupported" and order[1][0] == "env.bnb_broken", order
+    assert any(rule == "differential" for _, rule in order[2:4]), order
+
+
 def test_a_clear_verdict_does_not_list_a_ruled_out_look_alike(tmp_path):
     report = explain_text(tmp_path, CLEAR_FRAGMENTATION)
     assert report.findings[0].cause == "oom.fragmentation"

@@ -17,7 +17,7 @@ from loradoctor.record import field, record
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from loradoctor.lazyre import is_pattern, lazy_re
-from loradoctor.findings import Evidence, Finding, Fix
+from loradoctor.findings import Evidence, Finding, Fix, confidence_label
 from loradoctor.logs import reader
 from loradoctor.logs.rules.literals import digit_blind
 from loradoctor.env.facts import snapshot_facts
@@ -1238,10 +1238,15 @@ def _cause_titles(rules: list[Rule]) -> dict[str, str]:
     return titles
 
 
+def _stronger_than_a_look_alike(f: Finding) -> bool:
+    """An error of a rule (not a guess or a look-alike) with at least medium confidence."""
+    return f.severity == "error" and f.rule not in ("differential", "guess") and confidence_label(f.confidence) in ("high", "medium")
+
+
 def add_differential(findings: list[Finding], values: dict[str, Any], tail: list[Evidence],
                      rules: list[Rule]) -> list[Finding]:
-    """The verdict's look-alikes (loradoctor/logs/differential.py) placed right after it and its
-    consequences, or, when nothing is a diagnosis but the last failure lines name a family, a labelled
+    """The verdict's look-alikes (loradoctor/logs/differential.py) placed right after it, its consequences
+    and the other errors of at least medium confidence that follow it, or, when nothing is a diagnosis but the last failure lines name a family, a labelled
     guess and its alternatives first. Ranks, why_rank and the verdict's `differential` are set."""
     verdict = next((f for f in findings if f.severity in ("error", "warning")), None)
     titles = _cause_titles(rules)
@@ -1260,8 +1265,11 @@ def add_differential(findings: list[Finding], values: dict[str, Any], tail: list
         if not alts:
             return findings
         at = findings.index(verdict) + 1
-        while at < len(findings) and findings[at].consequence_of is not None:
-            at += 1  # the verdict's consequences stay right after it
+        while at < len(findings) and (findings[at].consequence_of is not None
+                                      or _stronger_than_a_look_alike(findings[at])):
+            # the verdict's consequences stay right after it, and so does another error that rests on its
+            # own evidence with at least medium confidence (a look-alike only rereads the verdict's lines)
+            at += 1
         out = findings[:at] + [f for f, _ in alts] + findings[at:]
     for f, tells in alts:
         f.why_rank = (f"a look-alike of #1 ({verdict.cause}), lower confidence; "
