@@ -1012,6 +1012,20 @@ def test_oom_bar_phase_is_the_interrupted_evaluation_bar(tmp_path, bars, want):
     assert facts.get("oom.bar_phase") == want
 
 
+@pytest.mark.parametrize("lines, want", [
+    # no bar pasted: the sentence just before the error names transformers' loading step
+    (['But on the "Loading checkpoint shards" step I\'m getting an error:', ""], "load"),
+    (["it dies while loading checkpoint shards:"], "load"),
+    # the step named as passed, or far above the error: no phase from it
+    (['It gets past the "Loading checkpoint shards" stage and trains.', "a", "b", "c", "d"], None),
+    (["Loading checkpoint shards finished, then the first step:"], None),
+])
+def test_oom_bar_phase_reads_the_loading_step_named_in_prose(tmp_path, lines, want):
+    text = "\n".join(["start"] + lines + ["torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."])
+    facts = explain_text(tmp_path, text + "\n").facts
+    assert facts.get("oom.bar_phase") == want
+
+
 def test_last_training_bar_read_from_the_tail_is_the_whole_windows_last_bar():
     """The OOM's step comes from the last tqdm bar before it; the tail of the window is read first
     (from a line break no bar match can straddle) and must give what a scan of the whole window gives."""

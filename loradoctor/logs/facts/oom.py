@@ -382,16 +382,38 @@ _EVAL_BAR_DESC_RE = lazy_re(rb"(?i)(?:\b|_)(?:eval\w*|valid\w*|sanity checking)\
 _LOAD_BAR_DESC_RE = lazy_re(rb"(?i)\bloading checkpoint shards\b")
 
 
+# the bar named in a sentence just before the error instead of pasted (`But on the "Loading checkpoint shards"
+# step I'm getting an error:`, `it fails while loading checkpoint shards`): the writer's own placing of the OOM
+_LOAD_BAR_PROSE_RE = lazy_re(rb"(?i)(?:\b(?:on|at|in|during)\s+the\s+(?:[\"'`]|\xe2\x80[\x9c\x9d])?loading checkpoint shards"
+                             rb"(?:[\"'`]|\xe2\x80[\x9c\x9d])?\s+(?:step|stage|phase|part|bar)\b"
+                             rb"|\b(?:while|when|during)\s+loading\s+(?:the\s+)?checkpoint shards\b)")
+
+
+def _load_bar_named_before(block: bytes, end: int, lines: int = 4) -> bool:
+    """A prose line among the last `lines` non-blank lines before `end` that names the checkpoint-shards
+    step as where the error came."""
+    at, seen = end, 0
+    while at > 0 and seen < lines:
+        start = block.rfind(b"\n", 0, at - 1) + 1
+        line = block[start:at]
+        if line.strip():
+            seen += 1
+            if _LOAD_BAR_PROSE_RE.search(line):
+                return True
+        at = start
+    return False
+
+
 def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[str]:
     """`eval` when the last progress bar before `end` (any description) is an evaluation loop's, cut
     short of its total: the OOM interrupted that loop; `load` when it is transformers' checkpoint-shards
-    bar cut short (the OOM came while the weights were loading). None otherwise (a training bar, a
-    finished bar, no bar)."""
+    bar cut short (the OOM came while the weights were loading), or, with no bar pasted, when a sentence
+    just before the error names that step. None otherwise (a training bar, a finished bar, no bar)."""
     last = None
     for last in _ANY_BAR_RE.finditer(block, max(0, end - window), end):
         pass
     if last is None:
-        return None
+        return "load" if _load_bar_named_before(block, end) else None
     n, total = _bounded_int(last.group(3).decode(), MAX_ID), _bounded_int(last.group(4).decode(), MAX_ID)
     if n is None or total is None or n >= total:
         return None
