@@ -157,6 +157,9 @@ GUESSING_NEGATIVES = {
     # `build_rows() got an unexpected keyword argument`: the script's own helper or a library function whose
     # argument was removed read the same on one line; the guess says version conflict, labelled 0.2
     "env-version-removed-argument/neg-user-helper-typo.log",
+    # `'ExpConfig' object has no attribute 'lora_rnak'`: the script's own config class (not one of the library
+    # dataclasses the rule names) with a typo; the guess reads the LoRA word in the last line, labelled 0.2
+    "env-version-removed-argument/neg-user-own-config-no-attribute.log",
     # `failed to bind to [::]:29500 (errno: 9` cut before its code: 98 (address in use) and 99 (cannot assign the
     # address: MASTER_ADDR) are both launcher problems, so the guess names the launcher family (labelled 0.2)
     # while the port-in-use rule, which needs the code, stays silent
