@@ -54,3 +54,25 @@ def test_table_is_data():
     # longest words first, so 读取模型 is tried before shorter words at the same place
     lengths = [len(w) for w, _ in t.phases]
     assert lengths == sorted(lengths, reverse=True)
+
+
+def test_memory_growth_words_need_a_memory_word_on_the_line(tmp_path):
+    # prose.memory_growth: memory said to grow, in any script; `loss keeps increasing` is no memory growth
+    from loradoctor.logs import engine
+
+    def facts(text):
+        p = tmp_path / "paste.log"
+        p.write_text(text, encoding="utf-8")
+        return engine.explain([str(p)]).facts
+
+    assert facts("为什么训练阶段的显存一直在往上涨？一会就 oom 了\n").get("prose.memory_growth") is True
+    assert facts("it runs fine for a few steps and then goes oom\n").get("prose.memory_growth") is True
+    assert "prose.memory_growth" not in facts("lora training, the loss keeps increasing after epoch 2\n")
+    assert "一直在往上涨" in prose_table().growth
+
+
+def test_every_growth_word_holds_a_trigger():
+    # the engine decodes only lines holding a TRIGGERS literal: a growth word without one would never be read
+    from loradoctor.logs.facts.prose import ProseExtractor
+    lits = [(t.lower() if ci else t) for t, ci in ProseExtractor.TRIGGERS]
+    assert all(any(lit in w.lower() for lit in lits) for w in prose_table().growth)

@@ -43,7 +43,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "killed.oom_killer", "killed.pid", "killed.process", "killed.anon_rss_bytes", "killed.bare",
     "killed.exit_code",
     # code43
-    "prose.oom_phase", "prose.gpu_oom", "code43.present", "code43.device",
+    "prose.oom_phase", "prose.gpu_oom", "prose.memory_growth", "code43.present", "code43.device",
     # card
     "card.blackwell",
     # input

@@ -19,6 +19,8 @@ TABLE = Path(__file__).resolve().parent.parent.parent / "data" / "prose_words.ya
 _CJK_RE = lazy_re("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _SENTENCE_END_RE = lazy_re("[。！？!?]")
 _LATIN = re.compile("[A-Za-z]")
+# what a growth word's line must also name: GPU memory or the OOM (not "loss keeps increasing")
+_MEMORY_WORD_RE = lazy_re(r"(?i)显存|\bmemory\b|\bvram\b|(?<![a-z])oom(?![a-z])")
 
 
 class ProseTable(NamedTuple):
@@ -27,6 +29,7 @@ class ProseTable(NamedTuple):
     phases: tuple[tuple[str, str], ...]  # (word, phase), longest word first
     after: tuple[str, ...]
     not_phases: tuple[str, ...] = ()  # names that hold a phase word but name no phase (modules_to_save)
+    growth: tuple[str, ...] = ()  # memory-grew-over-the-run words (prose.memory_growth)
 
 
 @functools.lru_cache(maxsize=2)
@@ -41,7 +44,8 @@ def prose_table(path: Path = TABLE) -> ProseTable:
     return ProseTable(anchors=tuple(str(w) for w in anchors.get("oom") or ()),
                       weak=tuple(str(w) for w in anchors.get("weak") or ()),
                       phases=tuple(pairs), after=tuple(str(w) for w in data.get("after") or ()),
-                      not_phases=tuple(str(w) for w in data.get("not_phases") or ()))
+                      not_phases=tuple(str(w) for w in data.get("not_phases") or ()),
+                      growth=tuple(str(w) for w in data.get("growth") or ()))
 
 
 @functools.lru_cache(maxsize=2)
@@ -111,18 +115,26 @@ def line_phase(text: str, table: Optional[ProseTable] = None) -> tuple[Optional[
 
 
 class ProseExtractor(Extractor):
-    """prose.oom_phase (the phase CJK prose names next to an OOM word) and prose.gpu_oom (a CJK line
-    names a GPU out-of-memory error in words); evidence group `prose`."""
+    """prose.oom_phase (the phase CJK prose names next to an OOM word), prose.gpu_oom (a CJK line
+    names a GPU out-of-memory error in words) and prose.memory_growth (a line, in any script, says GPU
+    memory grew over the run); evidence group `prose`."""
 
     TRIGGERS = (
         # Latin words case-blind: a pasted title or search snippet may be lower-cased
         ("显存", False), ("OOM", True), ("out of memory", True), ("OutOfMemory", True), ("메모리", False),
         ("VRAM", True), ("メモリ", False), ("오류", False), ("如下错误", False), ("报错如下", False),
         ("以下のエラー", False),
+        # what every `growth` word of prose_words.yaml holds (tests/test_prose_facts.py checks it)
+        ("keep", True), ("fine for", True), ("ok for", True), ("一直", False), ("不断", False), ("持续", False),
+        ("越来越", False),
     )
 
     def feed(self, line: Any) -> bool:
         text = line.text
+        low = text.lower()
+        if any(w.lower() in low for w in prose_table().growth) and _MEMORY_WORD_RE.search(text):
+            self.sink.values["prose.memory_growth"] = True
+            self.sink._evidence("prose", line)
         if text.isascii() or not _CJK_RE.search(text):
             return False
         phase, said = line_phase(text)
