@@ -218,3 +218,9 @@ def test_a_load_oom_offers_another_process_when_the_numbers_or_the_ranks_leave_r
     readings = _load_readings(tmp_path, ranks)
     assert readings[0][0] == "oom.other_process" and "local_rank" in readings[0][1]
     assert "env.bnb_broken" not in [c for c, _ in readings]
+
+
+def test_an_oom_in_words_beside_the_machines_ram_is_a_host_ram_guess(tmp_path):
+    report = explain_text(tmp_path, "qlora training on colab, oom and the process gets killed, only 12gb ram\n")
+    assert [f.cause for f in report.findings[:2]] == ["oom.host_ram", "oom.capacity"]
+    assert report.findings[0].rule == "guess"
