@@ -239,3 +239,27 @@ def test_evidence_of_a_lowered_paste_quotes_it_as_pasted(path):
         q = q[:-3] if q.endswith("...") else q
         assert q.lower() == q or q.split()[0][:4].isdigit(), q  # a timestamp prefix keeps its own capitals
         assert q in pasted or q in " ".join(pasted.split()), q
+
+
+@pytest.mark.parametrize("title, cause", [
+    ("CUDA Out Of Memory. Tried To Allocate 20.00 MiB", "oom.capacity"),
+    ("ValueError: Asking To Pad But The Tokenizer Does Not Have A Padding Token", "train.tokenizer_setup"),
+    ("Element 0 Of Tensors Does Not Require Grad And Does Not Have A Grad_fn", "train.no_grad"),
+])
+def test_a_title_cased_title_is_read_and_quoted_as_pasted(tmp_path, title, cause):
+    """An issue title typed In Title Case matches no case-sensitive pattern: it is read with the
+    vocabulary's case, like a lower-cased title, and the evidence quotes it as it was typed."""
+    report = explain_text(tmp_path, title + "\n\nI get this when I run the example script.\n")
+    assert report.findings and report.findings[0].cause == cause
+    assert report.findings[0].evidence[0].text == title
+
+
+@pytest.mark.parametrize("line, cased", [
+    (b"CUDA Out Of Memory. Tried To Allocate 20.00 MiB", True),
+    (b"Loss Becomes Nan After 200 Steps With Fp16", True),
+    (b"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 23.65 GiB total capacity)", False),
+    (b"Loading Checkpoint Shards: 100%", False),  # three words: too few to tell
+    (b"ValueError: Target modules {'q_proj'} not found in the base model. Please check the target modules", False),
+])
+def test_title_case_is_most_words_capitalised(line, cased):
+    assert reader._title_cased(line) is cased

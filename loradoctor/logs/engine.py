@@ -323,17 +323,25 @@ def recaser_for(rules: list[Rule]) -> reader.Recaser:
 
 
 def quote_as_pasted(inputs: list[reader.Input], rules: list[Rule], evidence: list[Evidence]) -> None:
-    """Evidence from a paste whose case the reader gave back (a lower-cased paste, or its lower-cased
-    title line) quotes the line as it was pasted: lower-case again, when giving the lower-cased quote
-    its case back yields the quote (a line of a later block that kept its own capitals, or a quote cut
-    inside a word, stays as read)."""
+    """Evidence from a paste whose case the reader gave back (a lower-cased paste, or its lower-cased or
+    Title-Cased title line) quotes the line as it was pasted: the title as the reader kept it; a line of
+    a lower-cased paste lower-case again, when giving the lower-cased quote its case back yields the
+    quote (a line of a later block that kept its own capitals, or a quote cut inside a word, stays as
+    read)."""
     items = {item.path: item for item in inputs if item.lowered or item.recased_title}
     if not items:
         return
     case = recaser_for(rules)
     for ev in evidence:
         item = items.get(ev.file)
-        if item is None or ev.line is None or (not item.lowered and ev.line != item.recased_title):
+        if item is None or ev.line is None:
+            continue
+        if ev.line == item.recased_title and item.title_as_pasted:
+            title = reader.Line(file=ev.file, lineno=ev.line, text="", raw=item.title_as_pasted.strip()).quote()
+            if title.lower() == ev.text.lower():
+                ev.text = title
+            continue
+        if not item.lowered:
             continue
         low = ev.text.lower()
         if low != ev.text and case.recase(low.encode("utf-8")) == ev.text.encode("utf-8"):

@@ -101,7 +101,8 @@ class Input:
     wrap_width: Optional[int] = None  # hard-wrapped at this many columns (a console copy): lines rejoined
     notes: list = field(default_factory=list)  # what the engine skipped in this input (a rule past its time budget)
     lowered: bool = False  # pasted lower-cased: the vocabulary's case was given back (Recaser)
-    recased_title: Optional[int] = None  # the physical line of a lower-cased title given its case back
+    recased_title: Optional[int] = None  # the physical line of a lower-cased (or Title-Cased) title given its case back
+    title_as_pasted: str = ""  # that title line as it was pasted (evidence quotes it so)
 
     def to_dict(self) -> dict:
         ranks = sorted(self.ranks | ({self.rank} if self.rank is not None else set()))
@@ -481,13 +482,27 @@ def is_lowered(sample: bytes) -> bool:
 # (a message without its exception name names the error in other words: `use_libuv was requested but pytorch
 # was built without libuv support`, `... is not supported on this gpu`, `torch not compiled with cuda enabled`)
 _TITLE_ERROR_WORDS = (b"error", b"exception", b"out of memory", b"failed", b"requested but", b"not supported",
-                      b"not compiled")
+                      b"not compiled", b"timeout", b"timed out", b"does not require grad", b"not found", b"cannot",
+                      b"unable to", b"illegal", b"assert", b"killed", b"segmentation fault")
 _NONBLANK_RE = lazy_re(rb"[^ \t\r\n]")
 
 
+# A title typed In Title Case (`CUDA Out Of Memory. Tried To Allocate 20.00 MiB`, `Element 0 Of Tensors Does
+# Not Require Grad`) matches no case-sensitive pattern either: it is lower-cased and given the vocabulary's
+# case like a lower-cased one. Title Case: most of its words (four or more) start with a capital and go on
+# in lower case; a message in its own case (`RuntimeError: CUDA out of memory. Tried to allocate`) is not.
+_TITLE_WORD_RE = lazy_re(rb"(?<![\w'])[A-Za-z][a-z]+\b")
+
+
+def _title_cased(line: bytes) -> bool:
+    words = _TITLE_WORD_RE.findall(line)
+    capitals = sum(1 for w in words if w[:1].isupper())
+    return capitals >= 4 and capitals >= 0.75 * len(words)
+
+
 def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes, Optional[int]]:
-    """The block with its first non-blank line recased when that line is lower-case and names an error,
-    and that line's number in the block (1-based; None when nothing was recased)."""
+    """The block with its first non-blank line recased when that line is lower-case (or In Title Case) and
+    names an error, and that line's number in the block (1-based; None when nothing was recased)."""
     first = _NONBLANK_RE.search(block, 0, 4096)  # no copy of a big first block
     if first is None:
         return block, None
@@ -497,7 +512,11 @@ def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes,
     if end < 0:  # longer than a title
         return block, None
     title = block[start:end]
-    if not title.islower() or not any(w in title for w in _TITLE_ERROR_WORDS):
+    if not title.islower():
+        if not _title_cased(title):
+            return block, None
+        title = title.lower()
+    if not any(w in title for w in _TITLE_ERROR_WORDS):
         return block, None
     return block[:start] + recaser().recase(title) + block[end:], block.count(b"\n", 0, start) + 1
 
@@ -938,7 +957,10 @@ def iter_blocks_with_joins(item: Input, block_bytes: int = BLOCK_BYTES,
                 item.lowered = True
                 case = recaser()
             elif recaser is not None:
+                pasted = block
                 block, item.recased_title = recase_title(block, recaser)
+                if item.recased_title is not None:
+                    item.title_as_pasted = pasted.split(b"\n", item.recased_title)[item.recased_title - 1].decode("utf-8", "replace")
             cross = crosses
             if crosses is not None and case is not None:
                 # a lower-cased paste: the rules read the lines across a cut with their case given back
