@@ -224,3 +224,9 @@ def test_an_oom_in_words_beside_the_machines_ram_is_a_host_ram_guess(tmp_path):
     report = explain_text(tmp_path, "qlora training on colab, oom and the process gets killed, only 12gb ram\n")
     assert [f.cause for f in report.findings[:2]] == ["oom.host_ram", "oom.capacity"]
     assert report.findings[0].rule == "guess"
+
+
+def test_a_cjk_lead_in_with_a_full_width_colon_reads_as_the_message_after_it(tmp_path):
+    report = explain_text(tmp_path, "错误信息：Killed\n")
+    assert report.findings and report.findings[0].cause == "oom.host_ram"
+    assert report.findings[0].evidence[0].text == "错误信息：Killed"  # quoted as pasted

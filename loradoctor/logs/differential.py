@@ -156,10 +156,12 @@ def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dic
     guesses = _guesses()
     values = values or {}
     for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
-        if _NO_FAMILY_RE.search(line.text):
+        # (the quote as pasted: a CJK lead-in's full-width colon reads as the ASCII one, `错误信息：Killed`)
+        text = line.text.replace("\uff1a", ": ")
+        if _NO_FAMILY_RE.search(text):
             continue
         for g in guesses:
-            if not g.match.search(line.text):
+            if not g.match.search(text):
                 continue
             if g.unless is not None and any(g.unless.search(e.text) for e in tail):
                 continue

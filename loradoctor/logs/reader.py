@@ -1321,6 +1321,10 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()
+    if "\uff1a" in raw:
+        # the full-width colon of CJK prose before an English message (`错误信息：Killed`, `エラー：ValueError: ...`)
+        # reads as the ASCII one the rules write (`: killed`); `original` keeps it
+        raw = raw.replace("\uff1a", ": ")
     text, rank, stamp, time_s = strip_prefixes(raw.rstrip())
     if "%|" in text:
         text = strip_bar(text)
