@@ -93,7 +93,9 @@ def test_an_unrecognised_failure_line_gets_a_labelled_guess(tmp_path):
     # a run that trained to the end
     "RuntimeError: NCCL warning printed by a callback\n{'train_runtime': 12.0, 'train_loss': 1.2, 'epoch': 1.0}\n",
     # a failure line that names no family
-    "KeyError: 'input_ids'\n",
+    "KeyError: 'lr_scheduler_kwargs'\n",
+    # a dataset path the script was given that does not exist: the user's path, not a model file
+    "FileNotFoundError: Unable to find '/workspace/data/train.jsonl'\n",
 ])
 def test_no_guess_without_a_failure_that_names_a_family(tmp_path, text):
     report = explain_text(tmp_path, text)
@@ -230,3 +232,15 @@ def test_a_cjk_lead_in_with_a_full_width_colon_reads_as_the_message_after_it(tmp
     report = explain_text(tmp_path, "错误信息：Killed\n")
     assert report.findings and report.findings[0].cause == "oom.host_ram"
     assert report.findings[0].evidence[0].text == "错误信息：Killed"  # quoted as pasted
+
+
+@pytest.mark.parametrize("text, cause", [
+    # the trainer or collator asked for a column the data does not have (not tokenised, columns dropped)
+    ("KeyError: 'input_ids'\n", "train.dataset_format"),
+    ("FileNotFoundError: [Errno 2] No such file or directory: './out/checkpoint-500/adapter_config.json'\n",
+     "env.model_files"),
+    ("ValueError: Cannot use chat template functions because tokenizer.chat_template is not set\n", "train.tokenizer_setup"),
+])
+def test_a_file_data_or_tokenizer_line_no_rule_reads_is_a_labelled_guess(tmp_path, text, cause):
+    report = explain_text(tmp_path, text)
+    assert report.findings and report.findings[0].cause == cause
