@@ -436,6 +436,24 @@ def test_card_blackwell_names_the_card_or_its_architecture():
     assert "card.blackwell" not in collect(["GPU 0: NVIDIA GeForce RTX 4090"]).flat()
 
 
+def test_card_pre_volta_names_an_old_card_or_its_capability():
+    from loradoctor.logs.facts.host import names_pre_volta
+
+    for line in ("   \\   /|    GPU: Tesla P40. Max memory: 23.879 GB. Platform = Linux.",
+                 "O^O/ \\_/ \\    Pytorch: 2.3.0+cu121. CUDA = 6.1. CUDA Toolkit = 12.1.", "GPU type: Quadro P6000",
+                 "CUDA SETUP: Highest compute capability among GPUs detected: 3.5", "NVIDIA GeForce GTX 1080 Ti",
+                 "but your device is of CUDA capability 6.0", "tesla p100-pcie-16gb"):
+        assert names_pre_volta(line), line
+    for line in ("O^O/ \\_/ \\    Pytorch: 2.3.0. CUDA = 7.5. CUDA Toolkit = 12.1.", "CUDA = 12.1", "Tesla T4*4",
+                 "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80",
+                 "Triton only supports devices of CUDA Capability >= 7.0", "Compute capability < 7.5 detected!",
+                 "GPU type: Tesla V100-SXM2-32GB", "{'loss': 1.5, 'grad_norm': 0.5, 'epoch': 6.1}"):
+        assert not names_pre_volta(line), line
+    f = collect(["training failure on pascal", "GPU: Tesla P40. Max memory: 23.879 GB."])
+    assert f.flat()["card.pre_volta"] is True and [e.line for e in f.evidence("card")] == [2]
+    assert "card.pre_volta" not in collect(["GPU 0: NVIDIA GeForce RTX 4090"]).flat()
+
+
 def test_evidence_groups_keep_source_lines():
     facts = collect(["noise", G4])
     (ev,) = facts.evidence("oom")

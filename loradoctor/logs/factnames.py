@@ -45,7 +45,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     # code43
     "prose.oom_phase", "prose.gpu_oom", "prose.memory_growth", "code43.present", "code43.device",
     # card
-    "card.blackwell",
+    "card.blackwell", "card.pre_volta",
     # input
     "input.files", "input.lines", "input.bytes",
     # env

@@ -1,5 +1,6 @@
 """host: the kernel's OOM killer, a bare `Killed`, exit status 137 / -9 (killed.*), Windows' Code 43 for an
-NVIDIA device (code43.*), and a line that names a Blackwell card (card.blackwell)."""
+NVIDIA device (code43.*), a line that names a Blackwell card (card.blackwell) and one that names a card older than
+Volta (card.pre_volta)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,23 @@ def names_blackwell(text: str) -> bool:
     return bool(_BLACKWELL_RE.search(text))
 
 
+# a GPU older than Volta (compute capability below 7.0: Kepler, Maxwell, Pascal) named anywhere: a Tesla K / M / P
+# data-center card, a Quadro K / M / P, a GeForce GTX 9xx / 10xx or TITAN X / Xp, or its capability in a banner or a
+# library's check (Unsloth's `CUDA = 6.1.`, bitsandbytes' `Highest compute capability among GPUs detected: 3.5`,
+# torch's `your device is of CUDA capability 6.0`). Not an `sm_6x` token: torch's lists of the architectures a
+# wheel carries (`supports CUDA capabilities sm_50 sm_60 sm_70`) name every old one.
+_PRE_VOLTA_RE = lazy_re(
+    r"\b(?:tesla ?(?:[km]\d{1,2}|p(?:4|40|100|6))|quadro ?[kmp]\d{3,4}|gtx ?(?:9[5-8]0|10[5-8]0)|titan ?xp?)\b"
+    r"|\bCUDA ?[=:] ?[3-6]\.\d\b(?! ?\d)"
+    r"|\b(?:compute|CUDA) capability\b[^\n<>=]{0,40}?(?<![\d.])[3-6]\.\d\b(?!\.\d)", re.I)
+
+
+def names_pre_volta(text: str) -> bool:
+    """The line names a GPU older than Volta (`Tesla P40`, `GTX 1080 Ti`) or a compute capability below 7.0 in a
+    banner or a library's check (`CUDA = 6.1.`, `compute capability among GPUs detected: 3.5`)."""
+    return bool(_PRE_VOLTA_RE.search(text))
+
+
 class HostExtractor(Extractor):
     TRIGGERS = (
         ("Killed", True), ("Kill process", False), ("exit code", True), ("exit status", True),
@@ -81,6 +99,10 @@ class HostExtractor(Extractor):
         # card.blackwell (_BLACKWELL_RE's words)
         ("RTX 50", True), ("RTX50", True), ("RTX PRO", True), ("Blackwell", True), ("B200", True), ("B100", True),
         ("sm_120", True), ("sm_100", True), ("sm120", True), ("sm100", True),
+        # card.pre_volta (_PRE_VOLTA_RE's words)
+        ("Tesla K", True), ("Tesla M", True), ("Tesla P", True), ("Quadro K", True), ("Quadro M", True),
+        ("Quadro P", True), ("GTX 9", True), ("GTX9", True), ("GTX 10", True), ("GTX10", True), ("TITAN X", True),
+        ("CUDA = ", True), ("CUDA: ", True), ("capability", True),
     ) + oswords.trigger_words()  # the shell's `Killed` / `Segmentation fault` in the user's locale (the reader
                                  # gives the line the English words: data/os_strings.yaml)
 
@@ -90,6 +112,9 @@ class HostExtractor(Extractor):
         touched |= self._code43(line)
         if "card.blackwell" not in self.sink.values and names_blackwell(text):
             self.sink.values["card.blackwell"] = True
+            self.sink._evidence("card", line)
+        if "card.pre_volta" not in self.sink.values and names_pre_volta(text):
+            self.sink.values["card.pre_volta"] = True
             self.sink._evidence("card", line)
         code = parse_exit_code(text) if ("xit" in text or "return code" in text or "SIGKILL" in text) else None
         if code is not None and code in (137, -9):
