@@ -1095,6 +1095,9 @@ def test_eval_loss_nonfinite_only_for_nan_or_inf():
     ("accelerate launch train.py --learning-rate 1E-5", 1e-5),
     ("learning_rate: 0.0003", 3e-4),
     ("TrainingArguments(output_dir=out, learning_rate=5e-05, warmup_ratio=0.03)", 5e-5),
+    # kohya: the highest of the two networks' rates (and above --learning_rate when that is lower)
+    ('accelerate launch train_network.py --unet_lr=1e-4 --text_encoder_lr=5e-3 --learning_rate=1e-4', 5e-3),
+    ("text_encoder_lr = 5e-05", 5e-5),
 ])
 def test_config_learning_rate_forms(text, lr):
     f = collect([text]).flat()

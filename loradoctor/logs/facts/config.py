@@ -6,7 +6,8 @@ BitsAndBytesConfig / argument dump / YAML or JSON config echo; `config.gradient_
 torch/utils/checkpoint.py; `config.micro_batch_size`: the Trainer's `Instantaneous batch size per device = N`,
 `per_device_train_batch_size=N` or axolotl's `micro_batch_size: N`; `config.learning_rate`: the configured
 learning rate of a command line (`--learning_rate 3e-4`, `--learning_rate=0.003`), an argument dump or a config
-echo (`learning_rate: 0.0003`, `learning_rate=0.0003`), never a metric record's scheduled value;
+echo (`learning_rate: 0.0003`, `learning_rate=0.0003`), never a metric record's scheduled value, or kohya's
+`--unet_lr` / `--text_encoder_lr` where one is higher (the highest configured rate);
 `config.quantized`: the log shows the model loaded (or meant to be loaded) quantized with bitsandbytes:
 `load_in_4bit` / `load_in_8bit` set, a BitsAndBytesConfig or quantization_config, `bnb_4bit_*` settings, a
 `-bnb-4bit` checkpoint, LLaMA-Factory's `quantization_bit`, QLoRA named, bitsandbytes named (not as a version in a
@@ -49,6 +50,11 @@ _MICRO_BATCH_RE = lazy_re(r"(?:Instantaneous batch size per device =|(?<![\w.])(
 _LEARNING_RATE_RE = lazy_re(r"(?:--learning[_-]rate(?:\s*=\s*|\s+)|(?<![\w.'\"-])learning_rate\s*[:=]\s*)[\"']?"
                             r"((?<![\d.])\d{1,3}(?:\.\d{1,12})?(?:e-?\d{1,2})?|\.\d{1,12})(?![\w.])", re.I)
 _METRIC_RECORD = ("'loss'", '"loss"', "'learning_rate'", '"learning_rate"')
+# kohya sd-scripts' separate rates of the two networks (`--unet_lr=1e-4 --text_encoder_lr=5e-3`, `text_encoder_lr
+# = 5e-3` in a TOML): config.learning_rate is the highest configured one (a 5e-3 text-encoder rate diverges whatever
+# the U-Net's)
+_NETWORK_LR_RE = lazy_re(r"(?:--|(?<![\w-]))(?:unet|text_encoder)_lr(?:\s*[:=]\s*|\s+)[\"']?"
+                         r"((?<![\d.])\d{1,3}(?:\.\d{1,12})?(?:e-?\d{1,2})?|\.\d{1,12})(?![\w.])", re.I)
 
 
 class ConfigExtractor(Extractor):
@@ -58,7 +64,7 @@ class ConfigExtractor(Extractor):
                 # not `learning_rate` alone: every Trainer metric dict holds `'learning_rate': `, and a trigger
                 # there keeps the dicts in the scanned text (a 200 MB log took 4x as long)
                 ("--learning", True), ("learning_rate:", True), ("learning_rate=", True), ("learning_rate :", True),
-                ("learning_rate =", True),
+                ("learning_rate =", True), ("unet_lr", True), ("text_encoder_lr", True),
                 # source lines under bitsandbytes frames (`out = bnb.matmul_4bit(...)`): trace.bnb_4bit
                 ("_4bit", True),
                 # config.quantized (`_4bit` above covers load_in_4bit / bnb_4bit_*)
@@ -97,6 +103,17 @@ class ConfigExtractor(Extractor):
                 except ValueError:
                     lr = 0.0
                 if 0 < lr < 10:
+                    values["config.learning_rate"] = lr
+                    if not found:
+                        self.sink._evidence("config", line)
+                    found = True
+        if "_lr" in low and ("unet_lr" in low or "text_encoder_lr" in low):
+            for m in _NETWORK_LR_RE.finditer(text):
+                try:
+                    lr = float(m.group(1))
+                except ValueError:
+                    continue
+                if 0 < lr < 10 and lr > values.get("config.learning_rate", 0.0):
                     values["config.learning_rate"] = lr
                     if not found:
                         self.sink._evidence("config", line)
