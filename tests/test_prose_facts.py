@@ -20,6 +20,13 @@ from loradoctor.logs.facts.prose import line_phase, prose_table
     # the OOM word decides over a later weak one (显存 in a clause that says inference was fine)
     ("训练时OOM，推理的时候显存完全够用。", None),
     ("推理的时候显示需要申请10Gb的显存", "generate"),  # no OOM word: the weak anchor 显存 places it
+    # a phase named with training as one of two is no phase ("when training or inferring")
+    ("메모리 문제는 주로 딥러닝 모델을 학습하거나 추론할 때 발생하는 GPU의 메모리 부족으로 인해 발생한다.", None),
+    ("训练或推理时都会爆显存", None),
+    ("微调后推理时爆显存", "generate"),  # 后 is no `either` word: the inference after training
+    # a phase that is one addend of what did not fit ("loading takes 6 GB, plus the activations")
+    ("SDXL底模本身加载就要接近6GB，再加上1024分辨率的激活值，6G显存根本扛不住。", None),
+    ("加载模型需要20G显存，我只有16G", "load"),
 ])
 def test_line_phase(text, phase):
     got, _ = line_phase(text)

@@ -30,6 +30,8 @@ class ProseTable(NamedTuple):
     after: tuple[str, ...]
     not_phases: tuple[str, ...] = ()  # names that hold a phase word but name no phase (modules_to_save)
     growth: tuple[str, ...] = ()  # memory-grew-over-the-run words (prose.memory_growth)
+    either: tuple[str, ...] = ()  # "training or inference": a phase word paired with a training word
+    plus: tuple[str, ...] = ()  # "loading takes 6 GB, plus ...": a phase word that is one addend
 
 
 @functools.lru_cache(maxsize=2)
@@ -45,7 +47,9 @@ def prose_table(path: Path = TABLE) -> ProseTable:
                       weak=tuple(str(w) for w in anchors.get("weak") or ()),
                       phases=tuple(pairs), after=tuple(str(w) for w in data.get("after") or ()),
                       not_phases=tuple(str(w) for w in data.get("not_phases") or ()),
-                      growth=tuple(str(w) for w in data.get("growth") or ()))
+                      growth=tuple(str(w) for w in data.get("growth") or ()),
+                      either=tuple(str(w) for w in data.get("either") or ()),
+                      plus=tuple(str(w) for w in data.get("plus") or ()))
 
 
 @functools.lru_cache(maxsize=2)
@@ -73,6 +77,23 @@ def _word_at(sentence: str, low: str, at: int, word: str) -> bool:
     return sentence.startswith(word, at)
 
 
+def _paired_with_training(low: str, at: int, t: ProseTable) -> bool:
+    """Whether the phase word at `at` follows a training word and an `either` word ("학습하거나 추론",
+    "训练或推理", "train or inference"): both named, no one phase."""
+    head = low[:at].rstrip()
+    for e in t.either:
+        e = e.lower()
+        if not head.endswith(e):
+            continue
+        if _LATIN.search(e) and len(head) > len(e) and head[-len(e) - 1].isalpha():
+            continue  # `vendor` does not end in the word `or`
+        rest = head[:len(head) - len(e)].rstrip()
+        # the training word itself, or with a short verb ending between ("학습하거나": 학습 + 하 + 거나)
+        if any(w.lower() in rest[-(len(w) + 3):] for w, p in t.phases if p == "train"):
+            return True
+    return False
+
+
 def sentence_phase(sentence: str, table: Optional[ProseTable] = None) -> tuple[Optional[str], bool]:
     """(phase or None, whether the sentence names the OOM itself) for one sentence. The phase is
     the nearest phase word before the last OOM word (before the last weak anchor when there is none);
@@ -94,10 +115,12 @@ def sentence_phase(sentence: str, table: Optional[ProseTable] = None) -> tuple[O
         if hit is None:
             continue
         word, phase = hit
-        if phase == "train":
+        if phase == "train" or _paired_with_training(low, at, t):
             return None, strong >= 0
         if any(sentence.startswith(a, at + len(word)) for a in t.after):
             continue  # a finished phase ("加载完", "合并后"): look further back
+        if any(p in sentence[at + len(word):anchor] for p in t.plus):
+            continue  # one addend of what did not fit ("加载就要6GB，再加上激活值"): look further back
         return phase, strong >= 0
     return None, strong >= 0
 
