@@ -1023,6 +1023,12 @@ _TRAIN_BAR = "Epoch 1:   3%|▎         | 15/500 [00:12<06:30,  1.24it/s, v_num=
     (["Validation DataLoader 0: 100%|██████████| 125/125 [00:48<00:00,  2.58it/s]"], None),
     ([_TRAIN_BAR], None),
     ([], None),
+    # transformers' evaluation bar has no description: its banner before it names the loop
+    (["***** Running Evaluation *****", "  Num examples = 2400", "  Batch size = 4",
+      " 62%|██████▏   | 372/600 [04:11<02:33,  1.49it/s]"], "eval"),
+    # the banner of an earlier evaluation, then a training bar: not the eval loop
+    (["***** Running Evaluation *****", "  Batch size = 4", " 10%|█         | 50/500 [00:41<06:10,  1.2it/s]",
+      "100%|██████████| 600/600 [04:11<00:00,  1.49it/s]", " 11%|█         | 55/500 [00:45<06:10,  1.2it/s]"], None),
 ])
 def test_oom_bar_phase_is_the_interrupted_evaluation_bar(tmp_path, bars, want):
     text = "\n".join(["start"] + bars + ["Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"])

@@ -404,6 +404,19 @@ def _load_bar_named_before(block: bytes, end: int, lines: int = 4) -> bool:
     return False
 
 
+# transformers' banner before its evaluation / prediction loop, whose bar has no description: `***** Running
+# Evaluation *****`, then `  Num examples = 2400` / `  Batch size = 4`, then the bar
+_HF_EVAL_BANNER_RE = lazy_re(rb"\*\*\*\*\* Running (?:Evaluation|Prediction) \*\*\*\*\*")
+
+
+def _hf_eval_banner_before(block: bytes, bar_start: int, window: int = 600) -> bool:
+    """The Trainer's evaluation banner shortly before an undescribed bar, with no other bar between them."""
+    last = None
+    for last in _HF_EVAL_BANNER_RE.finditer(block, max(0, bar_start - window), bar_start):
+        pass
+    return last is not None and _ANY_BAR_RE.search(block, last.end(), bar_start) is None
+
+
 def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[str]:
     """`eval` when the last progress bar before `end` (any description) is an evaluation loop's, cut
     short of its total: the OOM interrupted that loop; `load` when it is transformers' checkpoint-shards
@@ -418,6 +431,8 @@ def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[s
     if n is None or total is None or n >= total:
         return None
     if _EVAL_BAR_DESC_RE.search(last.group(1)):
+        return "eval"
+    if not last.group(1).strip() and _hf_eval_banner_before(block, last.start()):
         return "eval"
     return "load" if _LOAD_BAR_DESC_RE.search(last.group(1)) else None
 
