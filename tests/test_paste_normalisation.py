@@ -83,9 +83,10 @@ def test_a_lower_cased_title_above_a_cased_body_gets_its_case_back(tmp_path):
     report = explain_text(tmp_path, title + "\nI hit this with the example script.\n")
     assert report.findings and report.findings[0].cause == "train.tokenizer_setup"
     assert report.findings[0].evidence[0].text == title.strip()  # quoted as pasted
-    # the same title below the first line is prose of a cased input: left as it is (nothing found)
+    # the same title below the first line is prose of a cased input: left as it is (no rule reads it; the
+    # last failure line may still get a labelled guess)
     report = explain_text(tmp_path, "I hit this with the example script.\n" + title)
-    assert not report.findings or report.findings[0].cause != "train.tokenizer_setup"
+    assert not [f for f in report.findings if f.rule not in ("guess", "differential")]
 
 
 def test_a_title_is_recased_only_when_it_names_an_error():

@@ -432,7 +432,8 @@ def _last_bar_phase(block: bytes, end: int, window: int = 1 << 16) -> Optional[s
         return None
     if _EVAL_BAR_DESC_RE.search(last.group(1)):
         return "eval"
-    if not last.group(1).strip() and _hf_eval_banner_before(block, last.start()):
+    # (undescribed: nothing before the bar but a pasted line number, `  7   37%|...`)
+    if (not last.group(1).strip() or last.group(1).strip().isdigit()) and _hf_eval_banner_before(block, last.start()):
         return "eval"
     return "load" if _LOAD_BAR_DESC_RE.search(last.group(1)) else None
 
