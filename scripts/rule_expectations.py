@@ -16,8 +16,10 @@ usage:
   python scripts/rule_expectations.py --bless [RULE-ID ...]   # write from the engine's current output
   python scripts/rule_expectations.py [RULE-ID ...]           # report fixtures that disagree (exit 1)
 
-Blessing writes what the engine says today: review the diff (`git diff fixtures/logs`) before
-committing. Existing `first:` reasons (comments) are not kept by --bless; re-add them.
+Blessing writes what the engine says today, except that a recorded quote the rule still makes is kept as
+it is (a bless that adds a fixture does not move a reviewed quote to another line the rule also quotes):
+review the diff (`git diff fixtures/logs`) before committing. Existing `first:` reasons (comments) are not
+kept by --bless; re-add them.
 """
 
 from __future__ import annotations

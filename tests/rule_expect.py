@@ -53,13 +53,29 @@ def _finding(report: Any, rule_id: str):
     return next((f for f in report.findings if f.rule == rule_id), None)
 
 
+def _quoted(found: Any, fixture: Path) -> list[tuple]:
+    """(file, line, text) of every line a finding quotes."""
+    return [(_quote_file(e.file, fixture), e.line, e.text) for e in found.evidence]
+
+
+def _holds(quote: dict, quoted: list[tuple]) -> bool:
+    """The recorded quote is among the lines quoted now (same file and line, the text begins the same)."""
+    want_file, want_line, want_text = quote.get("file"), quote.get("line"), str(quote.get("text", ""))
+    return any(f == want_file and ln == want_line and text.startswith(want_text) for f, ln, text in quoted)
+
+
 def observed(report: Any, rule_id: str, fixture: Path, keep: Optional[dict] = None) -> dict:
     """The expectation of a fixture as the engine sees it now (for --bless): the first line the
-    rule quotes and, when another rule ranks first, that rule. Keys of `keep` other than quotes and
-    first (`first_why`, the reviewer's note on why the sibling wins) survive."""
+    rule quotes and, when another rule ranks first, that rule. Recorded quotes the rule still makes
+    are kept as they are (a bless that only adds fixtures moves no reviewed quote to another line the
+    rule also quotes). Keys of `keep` other than quotes and first (`first_why`, the reviewer's note on
+    why the sibling wins) survive."""
     entry: dict = {k: v for k, v in (keep or {}).items() if k not in ("quotes", "first")}
     found = _finding(report, rule_id)
-    if found is not None and found.evidence:
+    kept = (keep or {}).get("quotes") or []
+    if found is not None and kept and all(_holds(q, _quoted(found, fixture)) for q in kept):
+        entry["quotes"] = [dict(q) for q in kept]
+    elif found is not None and found.evidence:
         e = found.evidence[0]
         quote: dict = {}
         name = _quote_file(e.file, fixture)
@@ -98,10 +114,10 @@ def check_fires(report: Any, rule: Any, fixture: Path, expect: Optional[dict]) -
         fired = ", ".join(f.rule for f in report.findings[:5]) or "nothing"
         return [f"rule {rule.id} did not fire (findings: {fired})"]
     problems = []
-    quoted = [(_quote_file(e.file, fixture), e.line, e.text) for e in found.evidence]
+    quoted = _quoted(found, fixture)
     for q in expect["quotes"]:
         want_file, want_line, want_text = q.get("file"), q.get("line"), str(q.get("text", ""))
-        if not any(f == want_file and ln == want_line and text.startswith(want_text) for f, ln, text in quoted):
+        if not _holds(q, quoted):
             shown = "; ".join(f"{f + ':' if f else ''}{ln}: {text[:80]}" for f, ln, text in quoted[:5])
             where = f"{want_file}:" if want_file else ""
             problems.append(f"rule {rule.id} does not quote {where}{want_line} {want_text[:80]!r}; it quotes: {shown}")

@@ -320,3 +320,18 @@ def _placeholder_lines(report) -> list[str]:
 def test_rendered_findings_have_no_placeholder_tokens(rule_id, path):
     bad = _placeholder_lines(_explain_positive(path))
     assert not bad, f"{path.relative_to(ROOT)}: placeholder tokens in the rendered report:\n" + "\n".join(bad)
+
+
+def test_bless_keeps_a_recorded_quote_the_rule_still_makes():
+    """--bless rewrites an expectation from the engine's output, but a reviewed quote the rule still makes
+    stays as recorded (the rule quotes lines 12 and 13 here: a recorded 13 is not moved to 12); a quote the
+    rule no longer makes is replaced by its first line."""
+    path = FIXTURES / "adapter-checkpoint-shape-mismatch" / "pos-llava-projector-13b-into-7b.log"
+    report = _explain_positive(path)
+    quoted = [e for f in report.findings if f.rule == "adapter-checkpoint-shape-mismatch" for e in f.evidence]
+    assert [e.line for e in quoted][:2] == [12, 13]
+    second = {"line": 13, "text": quoted[1].text[:40]}
+    assert rule_expect.observed(report, "adapter-checkpoint-shape-mismatch", path, keep={"quotes": [second]})["quotes"] == [second]
+    gone = {"line": 3, "text": "no such line"}
+    fresh = rule_expect.observed(report, "adapter-checkpoint-shape-mismatch", path, keep={"quotes": [gone]})["quotes"]
+    assert [q["line"] for q in fresh] == [12]
