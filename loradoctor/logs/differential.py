@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence, Finding
+from loradoctor.logs.reader import fold_fullwidth_colon
 
 ALTERNATIVE_CONFIDENCE = 0.3  # below any rule's own confidence: "low"
 GUESS_CONFIDENCE = 0.2  # "guess"
@@ -156,8 +157,7 @@ def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dic
     guesses = _guesses()
     values = values or {}
     for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
-        # (the quote as pasted: a CJK lead-in's full-width colon reads as the ASCII one, `错误信息：Killed`)
-        text = line.text.replace("\uff1a", ": ")
+        text = fold_fullwidth_colon(line.text)  # the quote is as pasted (`错误信息：Killed`)
         if _NO_FAMILY_RE.search(text):
             continue
         for g in guesses:

@@ -1254,8 +1254,9 @@ def _stronger_than_a_look_alike(f: Finding) -> bool:
 def add_differential(findings: list[Finding], values: dict[str, Any], tail: list[Evidence],
                      rules: list[Rule]) -> list[Finding]:
     """The verdict's look-alikes (loradoctor/logs/differential.py) placed right after it, its consequences
-    and the other errors of at least medium confidence that follow it, or, when nothing is a diagnosis but the last failure lines name a family, a labelled
-    guess and its alternatives first. Ranks, why_rank and the verdict's `differential` are set."""
+    and the other errors of at least medium confidence that follow it, or, when nothing is a diagnosis but
+    the last failure lines name a family, a labelled guess and its alternatives first. Ranks, why_rank and
+    the verdict's `differential` are set."""
     verdict = next((f for f in findings if f.severity in ("error", "warning")), None)
     titles = _cause_titles(rules)
     if verdict is None:

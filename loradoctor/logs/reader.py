@@ -1321,10 +1321,7 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
     if "\r" in raw:
         raw = collapse_cr(raw)
     original = raw.strip()
-    if "\uff1a" in raw:
-        # the full-width colon of CJK prose before an English message (`错误信息：Killed`, `エラー：ValueError: ...`)
-        # reads as the ASCII one the rules write (`: killed`); `original` keeps it
-        raw = raw.replace("\uff1a", ": ")
+    raw = fold_fullwidth_colon(raw)  # `original` keeps it
     text, rank, stamp, time_s = strip_prefixes(raw.rstrip())
     if "%|" in text:
         text = strip_bar(text)
@@ -1339,6 +1336,12 @@ def normalise(raw: str) -> tuple[str, str, Optional[int], Optional[str], Optiona
         # as the English one (data/os_strings.yaml); `original` keeps the line as pasted
         text = oswords.unlocalize(text)
     return text, original, rank, stamp, time_s
+
+
+def fold_fullwidth_colon(text: str) -> str:
+    """The full-width colon of CJK prose before an English message (`错误信息：Killed`, `エラー：ValueError: ...`)
+    as the ASCII one the rules write (`: killed`)."""
+    return text.replace("\uff1a", ": ") if "\uff1a" in text else text
 
 
 _NORMALISED: dict[str, tuple] = {}  # decoded line -> normalise(line); bounded, cleared when full

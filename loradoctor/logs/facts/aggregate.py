@@ -624,7 +624,7 @@ class MetricsExtractor(Extractor):
         grad_norm and learning_rate count where the dict pattern found them (as in _vector_batch)."""
         last_k = None
         for k, (loss_text, gn_text, lr_text, rest, body) in enumerate(items):
-            if body or (rest and (b"mem" in rest or b"reward_std" in rest)) or self._mem_key is not None:
+            if body or (rest and not _plain_rests(rest)) or self._mem_key is not None:
                 # rare shapes: the general path
                 if body:
                     self.feed_json_record(body, lambda k=k: line_at(k))

@@ -95,27 +95,20 @@ class ConfigExtractor(Extractor):
                 self.sink._evidence("config", line)
                 found = True
         # one command line often holds both (`--learning_rate=0.003 ... --micro_batch_size=12`)
+        rates: list = []
         if "learning" in low and "config.learning_rate" not in values and not any(k in low for k in _METRIC_RECORD):
-            m = _LEARNING_RATE_RE.search(text)
-            if m:
-                try:
-                    lr = float(m.group(1))
-                except ValueError:
-                    lr = 0.0
-                if 0 < lr < 10:
-                    values["config.learning_rate"] = lr
-                    if not found:
-                        self.sink._evidence("config", line)
-                    found = True
+            rates += _LEARNING_RATE_RE.findall(text)[:1]
         if "_lr" in low and ("unet_lr" in low or "text_encoder_lr" in low):
-            for m in _NETWORK_LR_RE.finditer(text):
-                try:
-                    lr = float(m.group(1))
-                except ValueError:
-                    continue
-                if 0 < lr < 10 and lr > values.get("config.learning_rate", 0.0):
-                    values["config.learning_rate"] = lr
-                    if not found:
-                        self.sink._evidence("config", line)
-                    found = True
+            rates += _NETWORK_LR_RE.findall(text)
+        for rate in rates:
+            try:
+                lr = float(rate)
+            except ValueError:
+                continue
+            # the first configured rate; a network's own rate where it is higher
+            if 0 < lr < 10 and lr > values.get("config.learning_rate", 0.0):
+                values["config.learning_rate"] = lr
+                if not found:
+                    self.sink._evidence("config", line)
+                found = True
         return found
