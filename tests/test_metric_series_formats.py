@@ -467,3 +467,22 @@ def test_a_model_cast_to_half_is_fp16(tmp_path):
     assert half.findings[0].cause == "nan.fp16_overflow", _causes(half)
     plain = explain_text(tmp_path, "\n".join(records) + "\n", name="plain.log")
     assert "metrics.precision" not in plain.facts
+
+
+def test_advised_precision_is_not_the_runs(tmp_path):
+    """A reply's advice ("please add bf16=True and change fp16=False", "try --bf16") is not the run's precision;
+    the user's own past-tense account ("I set fp16=True") and code lines are. With the advice read as the run's,
+    a nan eval_loss in an fp16 run looked like a bf16 run's."""
+    from loradoctor.logs.facts.metrics import precision_of
+
+    for line, want in [("please add bf16=True and change fp16=False in the HF trainer.", None),
+                       ("try --bf16 instead", None), ("You should set bf16=True.", None),
+                       ("I set fp16=True and the loss is nan", "fp16"), ("    bf16=True,", "bf16"),
+                       ("args = TrainingArguments(output_dir='o', fp16=True)", "fp16"),
+                       ("Using 16bit Automatic Mixed Precision (AMP)", "fp16"),
+                       ("we trained with fp16=True. Please add bf16=True", "fp16")]:
+        assert precision_of(line) == want, line
+    records = ["{'loss': 1.2034, 'learning_rate': 0.0003, 'epoch': 0.25}",
+               "{'eval_loss': nan, 'eval_runtime': 41.2, 'epoch': 0.25}"]
+    advised = explain_text(tmp_path, "\n".join(records) + "\nplease add bf16=True to the trainer\n", name="a.log")
+    assert "metrics.precision" not in advised.facts

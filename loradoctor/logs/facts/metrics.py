@@ -257,15 +257,29 @@ _PRECISION_HINTS = ("p16", "f16", "t16", "16b")  # (spelt out in precision_of: f
 _HALF_MODEL_RE = lazy_re(r"(?:\b\w*[Mm]odel\w*|\bfrom_pretrained\(.*\))\.half\(\)")
 
 
+# Advice, not the run: a reply's "please add bf16=True and change fp16=False", "try --bf16", "you should
+# set bf16=True instead". Only imperative and modal forms: "I set / added / tried / am using fp16=True" tells
+# what the run did. Read in the few words before the setting on the same line.
+_ADVICE_BEFORE_RE = lazy_re(r"(?i)\b(?:please|try|add|change|switch|should|recommend\w*|suggest\w*|instead"
+                            r"|you (?:can|could|need|must|may)|need to|make sure)\b[^.;!?]{0,40}$")
+
+
+def _switched_on(pattern: "re.Pattern[str]", text: str) -> bool:
+    for m in pattern.finditer(text):
+        if not _ADVICE_BEFORE_RE.search(text, max(0, m.start() - 60), m.start()):
+            return True
+    return False
+
+
 def precision_of(text: str) -> Optional[str]:
-    """'fp16' or 'bf16' when the line shows that precision switched on, else None."""
+    """'fp16' or 'bf16' when the line shows that precision switched on (not advised), else None."""
     if "half()" in text and _HALF_MODEL_RE.search(text):
         return "fp16"
     if not ("p16" in text or "f16" in text or "t16" in text or "16b" in text):
         return None
-    if _FP16_ON_RE.search(text):
+    if _switched_on(_FP16_ON_RE, text):
         return "fp16"
-    if _BF16_ON_RE.search(text):
+    if _switched_on(_BF16_ON_RE, text):
         return "bf16"
     return None
 
