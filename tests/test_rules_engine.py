@@ -538,6 +538,36 @@ def test_a_two_character_cjk_word_is_a_literal():
     assert _literals_for(["x"], ["显存"], "patterns")[1] == []
 
 
+def test_lint_finds_a_pattern_alternative_its_explicit_prefilter_misses(tmp_path):
+    """A line is tried only if it holds a prefilter literal, so an alternative whose words are not among an
+    explicit prefilter never fires (round 43: `<|im_end|>` lines of eos-never-generated-prose). Lint draws
+    matches from the regex and names one without a literal; a prefilter that covers every alternative (or a
+    gap only a tab would open) is clean. The same holds for exclude_prefilter."""
+    from loradoctor.logs.rules.lint import lint_rules
+
+    rule = """  - id: {id}
+    cause: oom.capacity
+    title: t
+    severity: error
+    confidence: low
+    patterns: ['(?i)\\b(?:disk|drive)[ \\t]{{1,3}}(?:is[ \\t]{{1,3}})?full\\b']
+    prefilter: {prefilter}
+    exclude: ['(?i)\\b(?:plenty|lots) of space']
+    exclude_prefilter: {exclude_prefilter}
+    summary: s
+"""
+    def lint(prefilter, exclude_prefilter):
+        (tmp_path / "r.yaml").write_text("rules:\n" + rule.format(id="gap-check", prefilter=prefilter,
+                                                                  exclude_prefilter=exclude_prefilter))
+        return [p for p in lint_rules(tmp_path) if "holds none of its literals" in p]
+
+    gaps = lint("['disk is', 'disk full']", "['plenty of', 'lots of']")
+    assert len(gaps) == 1 and "prefilter: the regex matches" in gaps[0] and "drive" in gaps[0].lower()
+    gaps = lint("['disk', 'drive']", "['plenty of']")
+    assert len(gaps) == 1 and "exclude_prefilter:" in gaps[0] and "lots of" in gaps[0].lower()
+    assert lint("['disk', 'drive']", "['plenty of', 'lots of']") == []
+
+
 def test_only_an_error_can_be_the_root_of_a_consequence(tmp_path):
     """A note or warning (the use_cache notice in every LoRA log) never becomes the parent of a
     crash, even when the crash's rule lists its cause in consequence_of."""

@@ -31,6 +31,7 @@ def lint_rules(folder: "str | Path | None" = None) -> list[str]:
     problems += link_outranks(known)  # a user rule may outrank a built-in one
     problems += confidence_problems(rules)
     problems += metric_line_literal_problems(rules)
+    problems += prefilter_gap_problems(rules)
     return problems
 
 
@@ -79,3 +80,26 @@ def confidence_problems(rules: list) -> list[str]:
             f"order sibling rules with `outranks`, not with decimals"
             for r in rules if round(r.confidence, 3) not in CONFIDENCE_LEVELS]
 
+
+
+def prefilter_gap_problems(rules: list) -> list[str]:
+    """An explicit `prefilter` (or `exclude_prefilter`) must hold a literal of every match of its regexes: a
+    line without one is never tried, so the alternative it would match is dead (and an exclude that never
+    fires lets its rule fire). Checked on random matches drawn from each regex (rules/samples.py, seeded by
+    the rule id); the first match found without a literal is named."""
+    from loradoctor.logs.rules.samples import prefilter_gap
+
+    out = []
+    for r in rules:
+        groups = []
+        if r.prefilter:
+            groups.append(("prefilter", r.prefilter, list(zip(r.patterns, r.compiled_patterns))))
+        if r.exclude_prefilter:
+            groups.append(("exclude_prefilter", r.exclude_prefilter, list(zip(r.exclude, r.compiled_exclude))))
+        for name, literals, regexes in groups:
+            for j, (pattern, compiled) in enumerate(regexes):
+                gap = prefilter_gap(pattern, compiled, literals, f"{r.id}/{name}/{j}")
+                if gap is not None:
+                    out.append(f"{r.source}: rule {r.id}: {name}: the regex matches {gap!r}, which holds none of "
+                               f"its literals: such a line is never tried; add a literal every match contains")
+    return out
