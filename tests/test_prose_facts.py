@@ -51,6 +51,9 @@ def test_a_config_name_that_holds_a_phase_word_names_no_phase():
     assert line_phase("modules_to_save 默认包含 embed_tokens 和 lm_head,显著增加显存占用。")[0] is None
     assert line_phase("一到save就爆显存")[0] == "save"
     assert "modules_to_save" in prose_table().not_phases
+    # 流式加载 streams the dataset: no model load; 加载 on its own still counts
+    assert line_phase("没用流式加载，在packing快结束的时候报oom")[0] is None
+    assert line_phase("加载模型的时候就报oom")[0] == "load"
 
 
 def test_table_is_data():
