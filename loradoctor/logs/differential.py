@@ -108,7 +108,16 @@ def cause_titles(path: Path = TABLE) -> dict[str, str]:
 
 
 def _title(cause: str, titles: dict[str, str]) -> str:
-    return cause_titles().get(cause) or titles.get(cause, cause)
+    """The table's title, else a rule's for the cause, else the catalogue's (a cause no loaded rule names)."""
+    found = cause_titles().get(cause) or titles.get(cause)
+    if found:
+        return found
+    from loradoctor import catalogue
+
+    try:
+        return catalogue.get(cause).title
+    except KeyError:
+        return cause
 
 
 def _alternative_confidence(verdict_confidence: float, index: int) -> float:
