@@ -304,12 +304,16 @@ def test_wandb_summary_nan_without_precision_is_reported(tmp_path):
     assert report.findings and report.findings[0].rule == "nan-loss-precision-unknown"
 
 
-@pytest.mark.parametrize("records, cause", [(3, None), (4, None), (6, "loss.zero")])
+@pytest.mark.parametrize("records, cause", [(3, "nan.divergence"), (4, "nan.divergence"), (6, "loss.zero")])
 def test_all_nan_paste_needs_five_records_to_claim_masking(tmp_path, records, cause):
-    # The last few lines of a run that went nan look like a run that was nan from the start.
+    # The last few lines of a run that went nan look like a run that was nan from the start: under five
+    # records the bf16 run gets only the labelled guess (divergence), never a masking claim.
     report = _explain(tmp_path, "bf16=True,\n" + _records(["nan"] * records, ["nan"] * records))
-    causes = [f.cause for f in report.findings if f.rule != "differential"]
-    assert (causes[0] if causes else None) == cause
+    named = [f for f in report.findings if f.rule != "differential"]
+    assert named and named[0].cause == cause
+    if records < 5:
+        assert named[0].rule == "nan-loss-few-records-bf16-guess" and named[0].confidence_label == "guess"
+        assert "loss.zero" not in [f.cause for f in named]
 
 
 # --- third real-log QA round: short pastes and messy shapes ---------------------------------------
@@ -345,7 +349,9 @@ def test_the_few_records_guess_never_outranks_a_specific_error(tmp_path):
 
 
 def test_the_few_records_guess_stays_silent_for_bf16_and_long_series(tmp_path):
-    assert _first(tmp_path, "bf16=True\n{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.4}\n") is None
+    # in bf16 the fp16 guess is silent; its bf16 twin names divergence, as a guess
+    bf16 = _explain(tmp_path, "bf16=True\n{'loss': nan, 'grad_norm': nan, 'learning_rate': 0.0001, 'epoch': 0.4}\n")
+    assert [f.rule for f in bf16.findings if f.rule != "differential"] == ["nan-loss-few-records-bf16-guess"]
     # six records, three of them finite first: the fuller rules decide, not the guess
     rules = {f.rule for f in _explain(tmp_path, _records([1.2, 1.1, 1.0, "nan", "nan", "nan"]) + "\n").findings}
     assert "nan-loss-few-records-guess" not in rules
