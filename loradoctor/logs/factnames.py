@@ -25,7 +25,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.train_finished", "metrics.train_loss", "metrics.train_runtime", "metrics.overflow_skips", "metrics.loss_scale_min", "metrics.mem_first_bytes",
     "metrics.mem_last_bytes", "metrics.mem_max_bytes", "metrics.mem_growth_ratio",
     "metrics.mem_rising_records", "metrics.precision", "metrics.summary_only",
-    "metrics.reward_std_records", "metrics.reward_std_max", "peft.trainable_params", "peft.all_params",
+    "metrics.reward_std_records", "metrics.reward_std_max", "peft.trainable_params", "peft.all_params", "peft.last_trainable_params",
     # trace
     "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
     # config

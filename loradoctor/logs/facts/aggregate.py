@@ -438,6 +438,9 @@ class MetricsExtractor(Extractor):
             m = _PEFT_RE.search(text)
             if m:
                 self.sink._set_first({"peft.trainable_params": _int(m.group(1)), "peft.all_params": _int(m.group(2))})
+                # the last count printed: a trainer that re-prepares a PeftModel prints a non-zero count, then 0
+                if _int(m.group(1)) is not None:
+                    self.sink.values["peft.last_trainable_params"] = _int(m.group(1))
                 self.sink._evidence("peft", line)
                 touched = True
         if "verflow" in text or "OVERFLOW" in text or "Skipping step" in text:
