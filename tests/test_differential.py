@@ -96,6 +96,10 @@ def test_an_unrecognised_failure_line_gets_a_labelled_guess(tmp_path):
     "KeyError: 'lr_scheduler_kwargs'\n",
     # a dataset path the script was given that does not exist: the user's path, not a model file
     "FileNotFoundError: Unable to find '/workspace/data/train.jsonl'\n",
+    # Python's own index errors are the script's bug, not a CUDA kernel's assert (torch's `index out of range
+    # in self` is one)
+    "  File \"train.py\", line 3, in <module>\n    x = rows[5]\nIndexError: list index out of range\n",
+    "IndexError: tuple index out of range\n",
 ])
 def test_no_guess_without_a_failure_that_names_a_family(tmp_path, text):
     report = explain_text(tmp_path, text)
