@@ -106,6 +106,31 @@ def test_no_guess_without_a_failure_that_names_a_family(tmp_path, text):
     assert not [f for f in report.findings if f.rule in ("guess", "differential")]
 
 
+def test_an_exception_raised_inside_a_stack_library_is_a_last_resort_version_guess(tmp_path):
+    """No rule and no family word: an exception whose innermost frame is a LoRA-stack library's own code
+    (site-packages/trl, a LLaMA-Factory checkout) is guessed a version conflict, with the data format and an
+    unsupported trainer patch as look-alikes; the same exception raised by the script's own code, or inside
+    torch, is no guess."""
+    def report(innermost: str):
+        return explain_text(tmp_path, (
+            "Traceback (most recent call last):\n"
+            '  File "/home/u/ft/train.py", line 88, in <module>\n    trainer.train()\n'
+            f'  File "{innermost}", line 412, in _prepare\n    a, b = self._split(batch)\n'
+            "TypeError: cannot unpack non-iterable NoneType object\n"))
+
+    for path, package in [("/opt/conda/lib/python3.11/site-packages/trl/trainer/grpo_trainer.py", "trl"),
+                          ("/home/u/LLaMA-Factory/src/llamafactory/train/sft/workflow.py", "llamafactory"),
+                          ("C:\\Users\\u\\miniconda3\\Lib\\site-packages\\unsloth_zoo\\rl_replacements.py", "unsloth_zoo")]:
+        r = report(path)
+        assert r.facts.get("trace.raised_in") == package, path
+        assert [(f.cause, f.rule) for f in r.findings] == [
+            ("env.version_conflict", "guess"), ("train.dataset_format", "differential"),
+            ("train.patch_unsupported", "differential")], path
+    for path in ("/home/u/ft/collate.py", "/opt/conda/lib/python3.11/site-packages/torch/nn/functional.py"):
+        r = report(path)
+        assert "trace.raised_in" not in r.facts and not r.findings, path
+
+
 def test_the_table_names_only_catalogue_causes():
     causes = {r.cause for r in load_rules()}
     from loradoctor.logs.rules import cause_ids

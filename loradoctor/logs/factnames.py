@@ -27,7 +27,7 @@ KNOWN_FACTS: tuple[str, ...] = (
     "metrics.mem_rising_records", "metrics.precision", "metrics.summary_only",
     "metrics.reward_std_records", "metrics.reward_std_max", "peft.trainable_params", "peft.all_params", "peft.last_trainable_params",
     # trace
-    "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit",
+    "trace.count", "trace.exception", "trace.message", "trace.location", "trace.bnb_4bit", "trace.raised_in",
     # config
     "config.load_in_4bit", "config.gradient_checkpointing", "config.micro_batch_size", "config.learning_rate",
     "config.quantized",

@@ -230,6 +230,23 @@ def _cut_phase(keys: Sequence[str], table: FrameTable) -> Optional[str]:
     return None
 
 
+# The LoRA-stack library whose own code raised (trace.raised_in): the innermost frame's file, installed
+# (`site-packages/trl/...`, `dist-packages/unsloth_zoo/...`) or a source checkout (`LLaMA-Factory/src/
+# llamafactory/...`, `axolotl/src/axolotl/...`). torch and datasets are left out: an exception inside them is
+# most often the caller's tensors or data.
+_STACK_PACKAGES = ("transformers", "peft", "trl", "accelerate", "unsloth", "unsloth_zoo", "axolotl", "llamafactory",
+                   "swift", "torchtune", "deepspeed", "vllm", "liger_kernel", "bitsandbytes", "xtuner", "litgpt")
+_PACKAGE_DIR_RE = lazy_re(r"(?:^|[/\\])(" + "|".join(_STACK_PACKAGES) + r")[/\\][^/\\]")
+
+
+def raised_in(frames: Sequence[Any]) -> Optional[str]:
+    """The LoRA-stack package of the innermost frame, or None (the script's own code, torch, a cut path)."""
+    if not frames:
+        return None
+    found = _PACKAGE_DIR_RE.findall(_as_frame(frames[-1]).file.replace("-", "_").lower())
+    return found[-1] if found else None
+
+
 def location_from_frames(frames: Sequence[Any], sources: Iterable[str] = ()) -> Optional[str]:
     """Phase from frames (Frame, or (file, function) pairs), outermost first: load / merge / save /
     eval / generate / optimizer / backward / forward, or None. Load/merge/save/eval/generate come from

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from loradoctor.lazyre import lazy_re
 from loradoctor.findings import Evidence
 from loradoctor.logs.facts.common import Extractor, Sink, says_oom
-from loradoctor.logs.facts.frames import (ARROW_RE, Frame, _line, called_function, caller_source, cut_frame_head,
+from loradoctor.logs.facts.frames import (ARROW_RE, Frame, _line, called_function, caller_source, cut_frame_head, raised_in,
                                           location_from_frames, parse_frames, rich_wrapped_frame, rich_wrapped_head,
                                           shows_bnb_4bit)
 
@@ -161,6 +161,9 @@ class TraceExtractor(Extractor):
                     self.sink.values["trace.message"] = e.group(2)[:300]
                 if loc:
                     self.sink.values["trace.location"] = loc
+                package = raised_in(self._frames)
+                if package:
+                    self.sink.values["trace.raised_in"] = package
             if not self._oom_trace_done and says_oom(text):
                 # the traceback that ends with the (first) OOM places it, not an unrelated earlier
                 # one (a caught flash-attn ImportError before a training OOM)
