@@ -36,7 +36,8 @@ _FAILURE_RE = lazy_re(r"^" + _RANK + r"(?:[\w.]*\.)?[A-Za-z]\w*(?:error|exceptio
                          r"\bKilled\b|Segmentation fault|core dumped|Bus error|\bCUDA error\b|exitcode: -?\d|"
                          r"\bexit(?:ed with)? (?:code|status) -?[1-9]|^(?:\w+: )?error: |\bFAILED\b|\bAborted\b|"
                          r"\" not implemented for '", re.I)
-_WARNING_RE = lazy_re(r"warning\b|\bwarn\b", re.I)
+# (and a glog-style warning or info line, as torch's c10d and NCCL print them: `[W305 12:01:46.541 socket.cpp:752]`)
+_WARNING_RE = lazy_re(r"warning\b|\bwarn\b|^\s*" + _RANK + r"\[?[WI]\d{3,4} \d\d:\d\d:\d\d", re.I)
 # a line that names no family whatever words it holds: a NameError's name is an identifier of the script
 # (`name 'LoraConfig' is not defined` is a missing import, not LoRA), and an index error of a Python
 # container is a bug in the script's data handling, not a kernel's index
