@@ -86,6 +86,18 @@ def test_an_unrecognised_failure_line_gets_a_labelled_guess(tmp_path):
     assert [d["cause"] for d in top.differential]  # and its alternatives
 
 
+@pytest.mark.parametrize("prefix", ["2024-05-01T10:00:00.123Z stdout F ", "trainer-1  | ", "> "])
+def test_a_guess_reads_the_failure_line_behind_a_collectors_prefix(tmp_path, prefix):
+    """kubelet's CRI tag, docker compose's service column or a reply's `> ` before every line: the guesses'
+    patterns anchor at the message's start, so the tail line is read without the prefix."""
+    text = "".join(prefix + line + "\n" for line in (
+        "Traceback (most recent call last):", '  File "/w/train.py", line 88, in <module>', "    trainer.train()",
+        "RuntimeError: NCCL communicator init failed on rank 3 (bootstrap: remote process exited)"))
+    top = explain_text(tmp_path, text).findings[0]
+    assert top.rule == "guess" and top.cause == "dist.nccl_error"
+    assert top.evidence[0].text.endswith("remote process exited)")
+
+
 @pytest.mark.parametrize("text", [
     # a warning that quotes an error class is no failure line
     "/opt/peft/utils/other.py:1110: UserWarning: Unable to fetch remote file due to the following error "

@@ -89,6 +89,16 @@ def test_a_lower_cased_title_above_a_cased_body_gets_its_case_back(tmp_path):
     assert not [f for f in report.findings if f.rule not in ("guess", "differential")]
 
 
+def test_a_lower_cased_title_behind_a_container_prefix_gets_its_case_back(tmp_path):
+    """kubelet's CRI tag (`2024-05-01T10:00:00.123Z stdout F `) carries capitals: the title after it is
+    what is lower-case, and what is recased; the prefix stays as it was."""
+    cri = "2024-05-01T10:00:00.123Z stdout F "
+    title = "valueerror: your setup doesn't support bf16/gpu. you need torch>=1.10, using ampere gpu with cuda>=11.0\n"
+    report = explain_text(tmp_path, cri + title + cri + "\n" + cri + "> Do you use a V100? It has no bf16.\n")
+    assert report.findings and report.findings[0].cause == "env.bf16_unsupported"
+    assert report.findings[0].evidence[0].text == (cri + title).strip()  # quoted as pasted
+
+
 def test_a_title_is_recased_only_when_it_names_an_error():
     calls = []
 

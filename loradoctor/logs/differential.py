@@ -151,9 +151,26 @@ def alternatives(verdict: Finding, present: Iterable[str], values: dict[str, Any
     return out
 
 
+def _body(text: str) -> str:
+    """A tail line (quoted as pasted) without the prefixes a collector or a paste put before the log's
+    own text: a timestamp, kubelet's CRI tag, docker compose's `trainer-1  | `, a rank, a reply's `> `
+    (the guesses' patterns anchor at the message's start)."""
+    from loradoctor.logs.reader import strip_prefixes
+
+    text = text.strip()
+    for _ in range(3):
+        peeled = strip_prefixes(text)[0].lstrip()
+        if peeled[:1] == ">":
+            peeled = peeled.lstrip("> ")
+        if peeled == text:
+            break
+        text = peeled
+    return text
+
+
 def failure_lines(tail: Sequence[Evidence]) -> list[Evidence]:
     """The error-looking lines that say a run failed."""
-    return [e for e in tail if _FAILURE_RE.search(e.text) and not _WARNING_RE.search(e.text)]
+    return [e for e in tail if _FAILURE_RE.search(_body(e.text)) and not _WARNING_RE.search(_body(e.text))]
 
 
 def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dict[str, Any]] = None) -> list[tuple[Finding, str]]:
@@ -167,13 +184,13 @@ def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dic
     guesses = _guesses()
     values = values or {}
     for line in reversed(lines[-5:]):  # the last failure line is the one the run died of
-        text = fold_fullwidth_colon(line.text)  # the quote is as pasted (`错误信息：Killed`)
+        text = fold_fullwidth_colon(_body(line.text))  # the quote is as pasted (`错误信息：Killed`)
         if _NO_FAMILY_RE.search(text):
             continue
         for g in guesses:
             if not g.match.search(text):
                 continue
-            if g.unless is not None and any(g.unless.search(e.text) for e in tail):
+            if g.unless is not None and any(g.unless.search(_body(e.text)) for e in tail):
                 continue
             if g.when is not None and not g.when.evaluate(values):
                 continue

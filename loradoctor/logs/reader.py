@@ -511,6 +511,10 @@ def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes,
     end = len(block) if end < 0 and len(block) - start <= 400 else end
     if end < 0:  # longer than a title
         return block, None
+    # a container runtime's line prefix (`2024-05-01T10:00:00.123Z stdout F `) carries capitals of its own
+    prefix = _CRI_PREFIX_RE.match(block, start, end)
+    if prefix is not None:
+        start = prefix.end()
     title = block[start:end]
     if not title.islower():
         if not _title_cased(title):
@@ -523,6 +527,7 @@ def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes,
 
 # a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
 # to its closing bracket (`100%|#####| 500/500 [05:00<00:00, 1.66it/s]`); a bar's description stays
+_CRI_PREFIX_RE = lazy_re(rb"\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 _CASELESS_CRI_RE = lazy_re(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 _CASELESS_RECORD_RE = lazy_re(rb"\{['\"][a-z_/]+['\"]: [^{}\r\n]*\}")
 _CASELESS_BAR_RE = lazy_re(rb"\d{1,3}%\|[^|\r\n]{0,400}\|[^\[\r\n]{0,80}\[[^\]\r\n]{0,120}\]")  # bounded: no rescans
