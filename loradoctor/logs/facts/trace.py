@@ -55,6 +55,7 @@ class TraceExtractor(Extractor):
             "_load_from_state_dict(", "dispatch_model(", "load_checkpoint_and_dispatch(", "load_checkpoint_in_model(",
             "load_model(", "create_quantized_param(", "_process_model_before_weight_loading(",
             "replace_with_bnb_linear(", "quantize_4bit(", "_quantize(", "load_and_quantize_model(",
+            "load_adapter(", "load_peft_weights(",
             "merge_and_unload(", "_unload_and_optionally_merge(", "merge_adapter(", "add_weighted_adapter(",
             "merge_lora_weights(", "_merge_lora(",
             "save(", "save_model(", "_save_checkpoint(", "save_pretrained(", "save_state(", "save_checkpoint(",
