@@ -258,10 +258,12 @@ _HALF_MODEL_RE = lazy_re(r"(?:\b\w*[Mm]odel\w*|\bfrom_pretrained\(.*\))\.half\(\
 
 
 # Advice, not the run: a reply's "please add bf16=True and change fp16=False", "try --bf16", "you should
-# set bf16=True instead". Only imperative and modal forms: "I set / added / tried / am using fp16=True" tells
-# what the run did. Read in the few words before the setting on the same line.
+# set bf16=True instead", "pass torch_dtype=torch.bfloat16 ... and set bf16=True". Only imperative and modal
+# forms: "I set / added / tried / am using fp16=True" tells what the run did. Read in the few words before the
+# setting on the same line.
 _ADVICE_BEFORE_RE = lazy_re(r"(?i)\b(?:please|try|add|change|switch|should|recommend\w*|suggest\w*|instead"
-                            r"|you (?:can|could|need|must|may)|need to|make sure)\b[^.;!?]{0,40}$")
+                            r"|you (?:can|could|need|must|may)|need to|make sure|(?:and|then) (?:also )?set"
+                            r"|(?<!i )(?<!we )pass)\b[^.;!?]{0,40}$")
 
 
 def _switched_on(pattern: "re.Pattern[str]", text: str) -> bool:
