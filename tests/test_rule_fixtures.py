@@ -150,9 +150,9 @@ def test_switching_the_rule_off_turns_its_fixture_test_red(rule):
 # Negatives that keep a labelled guess (rule id `guess`): each has an error line no rule explains, and the
 # guess reads it as well as a line alone allows. Any other negative must have no guess at all.
 GUESSING_NEGATIVES = {
-    # the batch-size finder re-raises the collator's `expected sequence of length 512 at dim 1 (got 397)`: no
-    # OOM, and the guess reads the uneven lengths as the data's form (train.dataset_format), labelled 0.2
-    "oom-capacity-no-batch-size-fits/neg-finder-reraises-other-error.log",
+    # `'list' object has no attribute 'startswith'` in the user's own script (no trainer dataset preparation in
+    # the log): sft-text-column-not-string stays silent, the last-resort guess reads the one AttributeError line
+    "sft-text-column-not-string/neg-own-code-startswith.log",
     # bitsandbytes cannot load libcudart: env-cuda-library-missing-bare leaves bitsandbytes to its own rules,
     # which know bnb's CUDA SETUP messages, not a bare OSError from its ctypes import; the guess reads the
     # OSError line alone (no frames reach it) as a broken install
