@@ -4,6 +4,8 @@ syslog lines without a host are read, backquotes and the `__` of `__init__` are 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loradoctor.logs import reader
@@ -229,10 +231,22 @@ def test_a_glued_cjk_title_is_read_by_a_rule_with_word_boundaries(tmp_path):
     assert report.findings and report.findings[0].cause == "oom.capacity"
 
 
+def _known_misses(folder: Path) -> set:
+    """The cases a round's expect.yaml admits are not recognised (`known_miss`): they may quote nothing."""
+    import yaml
+
+    expect = folder / "expect.yaml"
+    if not expect.is_file():
+        return set()
+    data = yaml.safe_load(expect.read_text(encoding="utf-8")) or {}
+    return {name for name, want in data.items() if isinstance(want, dict) and want.get("known_miss")}
+
+
 def _lowered_pastes() -> list:
     root = ROOT / "fixtures" / "pastes"
     found = [p for p in sorted(root.rglob("*.log")) if reader.is_lowered(p.read_bytes()[: 1 << 20])]
-    return found[:40]
+    misses = {folder: _known_misses(folder) for folder in {p.parent for p in found}}
+    return [p for p in found if p.name not in misses[p.parent]][:40]
 
 
 @pytest.mark.parametrize("path", _lowered_pastes(), ids=lambda p: f"{p.parent.name}/{p.name}")
