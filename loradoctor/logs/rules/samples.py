@@ -94,12 +94,23 @@ def matches(pattern: str, compiled, seed: str, tries: int = 300) -> Iterator[str
             yield text
 
 
+_GAPS: dict = {}  # (pattern, literals, seed) -> the gap found (draws are seeded: the same answer every time)
+
+
 def prefilter_gap(pattern: str, compiled, literals: list[str], seed: str) -> Optional[str]:
     """A string the pattern matches that holds none of the explicit literals (compared ignoring case, as the
-    engine does), or None when the draws found none."""
+    engine does), or None when the draws found none. Remembered per process: the draws are seeded by the
+    rule, so a second lint of the same rules (a test suite lints the built-in folder several times) reads
+    the first answer."""
+    key = (pattern, tuple(literals), seed)
+    if key in _GAPS:
+        return _GAPS[key]
     wanted = [_rendered_literal(lit).lower() for lit in literals]
+    found = None
     for text in matches(pattern, compiled, seed):
         low = text.lower()
         if not any(lit in low for lit in wanted):
-            return text
-    return None
+            found = text
+            break
+    _GAPS[key] = found
+    return found
