@@ -170,7 +170,8 @@ def _body(text: str) -> str:
 
 def failure_lines(tail: Sequence[Evidence]) -> list[Evidence]:
     """The error-looking lines that say a run failed."""
-    return [e for e in tail if _FAILURE_RE.search(_body(e.text)) and not _WARNING_RE.search(_body(e.text))]
+    bodies = ((e, _body(e.text)) for e in tail)
+    return [e for e, text in bodies if _FAILURE_RE.search(text) and not _WARNING_RE.search(text)]
 
 
 def guess(tail: Sequence[Evidence], titles: dict[str, str], values: Optional[dict[str, Any]] = None) -> list[tuple[Finding, str]]:

@@ -527,8 +527,9 @@ def recase_title(block: bytes, recaser: Callable[[], "Recaser"]) -> tuple[bytes,
 
 # a one-line metric record (`{'loss': 0.41, 'grad_norm': ...}`, JSON too) and a tqdm bar from its percentage
 # to its closing bracket (`100%|#####| 500/500 [05:00<00:00, 1.66it/s]`); a bar's description stays
-_CRI_PREFIX_RE = lazy_re(rb"\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
-_CASELESS_CRI_RE = lazy_re(rb"(?m)^\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
+_CRI_PREFIX = rb"\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] "
+_CRI_PREFIX_RE = lazy_re(_CRI_PREFIX)  # at a given position (a title line)
+_CASELESS_CRI_RE = lazy_re(rb"(?m)^" + _CRI_PREFIX)  # at every line start (a sample)
 _CASELESS_RECORD_RE = lazy_re(rb"\{['\"][a-z_/]+['\"]: [^{}\r\n]*\}")
 _CASELESS_BAR_RE = lazy_re(rb"\d{1,3}%\|[^|\r\n]{0,400}\|[^\[\r\n]{0,80}\[[^\]\r\n]{0,120}\]")  # bounded: no rescans
 
